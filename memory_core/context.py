@@ -1,0 +1,38 @@
+"""The conversation context handed to workflow nodes: running summary + recent exchanges."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from uuid import UUID
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from memory_core.artifacts import Artifact
+
+
+class Exchange(BaseModel):
+    """One user-query -> answer turn as memory sees it (the transcript payload is not here)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    seq: int
+    session_id: UUID
+    user_query: str
+    answer: str = ""
+    artifacts: list[Artifact] = Field(default_factory=list)
+    completed_at: datetime
+
+
+class ConversationContext(BaseModel):
+    """What `get_context` returns: JSON-serialisable, equal whether read from Redis or Postgres.
+
+    `recent` holds every unfolded turn (seq > summary_through_seq) oldest first, up to the
+    working-copy cap; turns older than that are covered by `summary`.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    thread_id: UUID
+    summary: str | None = None
+    summary_through_seq: int = 0
+    recent: list[Exchange] = Field(default_factory=list)

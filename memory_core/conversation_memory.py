@@ -1,0 +1,175 @@
+"""RedisConversationMemory: the working copy in Redis, rehydrated from Postgres on a miss."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from uuid import UUID
+
+import redis
+import structlog
+from sqlalchemy.orm import Session
+
+from memory_core.context import ConversationContext, Exchange
+from memory_core.db import session_scope
+from memory_core.models import ConversationThread
+from memory_core.redis_client import get_redis
+from memory_core.settings import Settings, get_settings
+from memory_core.working_copy import WorkingCopy, context_from_copy
+
+log = structlog.get_logger(__name__)
+
+# Errors that mean "the cache is unavailable", never "the data is wrong".
+REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError, OSError)
+
+
+class ThreadNotFound(LookupError):
+    """The thread does not exist or belongs to someone else (deliberately indistinguishable)."""
+
+    def __init__(self, thread_id: UUID | str) -> None:
+        super().__init__(f"thread {thread_id} not found")
+
+
+class RedisConversationMemory:
+    """Per-thread memory: Redis working copy first, Postgres as the source of truth.
+
+    Tuning defaults come from settings (MEMORY_TTL_HOURS, MEMORY_MAX_RECENT_MESSAGES,
+    MEMORY_COMPRESSION_THRESHOLD, MEMORY_KEY_PREFIX, MEMORY_MAX_UNFOLDED_MESSAGES); constructor
+    arguments override them.
+    """
+
+    def __init__(
+        self,
+        redis_client: redis.Redis | None = None,
+        *,
+        ttl_hours: float | None = None,
+        max_recent_messages: int | None = None,
+        compression_threshold: int | None = None,
+        key_prefix: str | None = None,
+        max_unfolded_messages: int | None = None,
+        settings: Settings | None = None,
+        session_factory: Callable[[], AbstractContextManager[Session]] | None = None,
+    ) -> None:
+        s = settings or get_settings()
+        self.settings = s
+        self.ttl_hours = s.memory_ttl_hours if ttl_hours is None else ttl_hours
+        self.max_recent_messages = max_recent_messages or s.memory_max_recent_messages
+        self.compression_threshold = compression_threshold or s.memory_compression_threshold
+        self.key_prefix = key_prefix or s.memory_key_prefix
+        # While folds keep failing the copy holds at most this many unfolded turns.
+        self.max_unfolded_messages = (
+            max_unfolded_messages
+            or s.memory_max_unfolded_messages
+            or 2 * self.compression_threshold
+        )
+        if self.max_unfolded_messages < 2 * self.compression_threshold:
+            raise ValueError("max_unfolded_messages must be at least 2 x compression_threshold")
+        if self.max_recent_messages >= self.compression_threshold:
+            raise ValueError("max_recent_messages must be below compression_threshold")
+        self.redis = redis_client if redis_client is not None else get_redis(s.redis_url)
+        self.session_factory = session_factory or (lambda: session_scope(s.database_url))
+        self.copy = WorkingCopy(
+            self.redis,
+            key_prefix=self.key_prefix,
+            ttl_ms=int(self.ttl_hours * 3_600_000),
+            cap=self.max_unfolded_messages,
+        )
+
+    # -- reads ---------------------------------------------------------------------------
+
+    def get_context(self, thread_id: UUID | str, owner_id: str) -> ConversationContext:
+        """The thread's summary + unfolded turns; `ThreadNotFound` for strangers and unknowns.
+
+        A hit is one Redis round trip. A miss (expired copy) or an unreachable Redis reads
+        Postgres; a miss also repopulates the copy.
+        """
+        tid = _as_uuid(thread_id)
+        try:
+            meta, members = self.copy.read(tid)
+        except REDIS_ERRORS as exc:
+            log.warning("memory.cache_unavailable", thread_id=str(tid), error=str(exc))
+            return self._load(tid, owner_id)
+        if meta:
+            if meta.get(b"owner", b"").decode() != owner_id:
+                raise ThreadNotFound(tid)
+            return context_from_copy(tid, meta, members)
+        ctx, last_seq = self._load_with_last(tid, owner_id)
+        self._store(owner_id, ctx, last_seq)
+        return ctx
+
+    def rehydrate(self, thread_id: UUID | str, owner_id: str) -> ConversationContext:
+        """Rebuild the working copy from Postgres (the stored summary + unfolded turns)."""
+        tid = _as_uuid(thread_id)
+        ctx, last_seq = self._load_with_last(tid, owner_id)
+        self._store(owner_id, ctx, last_seq)
+        return ctx
+
+    def _load(self, tid: UUID, owner_id: str) -> ConversationContext:
+        return self._load_with_last(tid, owner_id)[0]
+
+    def _load_with_last(self, tid: UUID, owner_id: str) -> tuple[ConversationContext, int]:
+        with self.session_factory() as session:
+            found = ConversationThread.rehydrate(session, tid, owner_id, self.max_unfolded_messages)
+        if found is None:
+            raise ThreadNotFound(tid)
+        head, rows = found
+        ctx = ConversationContext(
+            thread_id=tid,
+            summary=head.summary,
+            summary_through_seq=head.summary_through_seq,
+            recent=[
+                Exchange(
+                    seq=r.seq,
+                    session_id=r.session_id,
+                    user_query=r.user_query,
+                    answer=r.answer,
+                    artifacts=r.artifacts,
+                    completed_at=r.completed_at,
+                )
+                for r in rows
+            ],
+        )
+        return ctx, head.last_seq
+
+    def _store(self, owner_id: str, ctx: ConversationContext, last_seq: int) -> None:
+        try:
+            self.copy.merge(owner_id, ctx, last_seq)
+        except REDIS_ERRORS as exc:
+            log.warning("memory.cache_write_failed", thread_id=str(ctx.thread_id), error=str(exc))
+
+    # -- writes (called by the finalize core and the fold worker) ------------------------
+
+    def record_turn(self, owner_id: str, thread_id: UUID, through: int, turn: Exchange) -> str:
+        """Add a committed turn to the copy, rebuilding from Postgres if the copy is behind.
+
+        Returns the outcome for logs/metrics: ok, rebuilt, or unavailable. Never raises for
+        Redis trouble: the turn is already durable in Postgres.
+        """
+        try:
+            if turn.seq == 1:
+                first = ConversationContext(thread_id=thread_id, recent=[turn])
+                status = self.copy.merge(owner_id, first, last_seq=1)
+            else:
+                status = self.copy.append(thread_id, owner_id, through, turn)
+            if status in ("missing", "gap", "stale"):
+                log.info("memory.cache_rebuild", thread_id=str(thread_id), reason=status)
+                self.rehydrate(thread_id, owner_id)
+                return "rebuilt"
+            return status
+        except REDIS_ERRORS as exc:
+            log.warning("memory.cache_write_failed", thread_id=str(thread_id), error=str(exc))
+            return "unavailable"
+
+    def invalidate(self, thread_id: UUID | str) -> None:
+        """Drop the working copy (the next read rehydrates from Postgres)."""
+        self.copy.delete(_as_uuid(thread_id))
+
+
+def _as_uuid(value: UUID | str) -> UUID:
+    if isinstance(value, UUID):
+        return value
+    try:
+        return UUID(str(value))
+    except ValueError:
+        # A malformed id cannot name any thread: same answer as for an unknown one.
+        raise ThreadNotFound(value) from None

@@ -1,0 +1,75 @@
+"""Engine and session factory. Callers own transactions; nothing here commits implicitly."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from sqlalchemy import Engine, MetaData, create_engine
+from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
+
+from memory_core.settings import get_settings
+
+# Stable constraint names so Alembic autogenerate and downgrades are deterministic.
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+def make_engine(url: str) -> Engine:
+    return create_engine(
+        url,
+        pool_pre_ping=True,
+        pool_size=5,
+        max_overflow=10,
+        # Fail fast when Postgres is down: finalize reports "failed" instead of hanging.
+        connect_args={"connect_timeout": 5, "application_name": "agent-memory"},
+    )
+
+
+_ENGINES: dict[str, Engine] = {}
+_MAKERS: dict[str, sessionmaker[Session]] = {}
+
+
+def get_engine(url: str | None = None) -> Engine:
+    url = url or get_settings().database_url
+    if url not in _ENGINES:
+        _ENGINES[url] = make_engine(url)
+    return _ENGINES[url]
+
+
+def get_sessionmaker(url: str | None = None) -> sessionmaker[Session]:
+    url = url or get_settings().database_url
+    if url not in _MAKERS:
+        _MAKERS[url] = sessionmaker(bind=get_engine(url), expire_on_commit=False, autoflush=False)
+    return _MAKERS[url]
+
+
+@contextmanager
+def session_scope(url: str | None = None) -> Iterator[Session]:
+    """One transaction: commit on success, roll back on any exception."""
+    session = get_sessionmaker(url)()
+    try:
+        yield session
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()
+
+
+def reset_engines() -> None:
+    """Dispose pooled connections (after fork, or when tests switch databases)."""
+    for engine in _ENGINES.values():
+        engine.dispose()
+    _ENGINES.clear()
+    _MAKERS.clear()

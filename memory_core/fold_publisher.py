@@ -1,0 +1,51 @@
+"""Publishing `memory.fold_thread` by name, so the core never imports the worker package.
+
+Publishing is best effort and bounded: a down broker costs at most about a second and is only
+logged. The fold request is also recorded on the thread row (`fold_due_at`), so a later
+finalize re-publishes a fold whose message never made it (see ConversationThread.claim_next_seq).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from uuid import UUID
+
+import structlog
+from celery import Celery
+
+from memory_core.settings import get_settings
+
+log = structlog.get_logger(__name__)
+
+FOLD_TASK = "memory.fold_thread"
+FOLD_QUEUE = "memory.fold"
+FINALIZE_TASK = "memory.finalize_turn"
+FINALIZE_QUEUE = "memory.finalize"
+
+
+@lru_cache(maxsize=4)
+def publisher_app(broker_url: str) -> Celery:
+    app = Celery("agent-memory-publisher", broker=broker_url, set_as_current=False)
+    app.conf.update(
+        task_serializer="json",
+        accept_content=["json"],
+        broker_connection_timeout=1.0,
+        broker_connection_retry=False,
+        broker_transport_options={
+            "socket_connect_timeout": 1.0,
+            "socket_timeout": 1.0,
+            "max_retries": 0,
+        },
+    )
+    return app
+
+
+def publish_fold(thread_id: UUID | str, broker_url: str | None = None) -> bool:
+    """Enqueue a fold for the thread; False (logged) when the broker is unreachable."""
+    app = publisher_app(broker_url or get_settings().celery_broker_url)
+    try:
+        app.send_task(FOLD_TASK, args=[str(thread_id)], queue=FOLD_QUEUE, retry=False)
+    except Exception as exc:  # any broker/transport error: the row still says a fold is due
+        log.warning("memory.fold_publish_failed", thread_id=str(thread_id), error=repr(exc))
+        return False
+    return True

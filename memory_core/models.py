@@ -1,0 +1,266 @@
+"""ConversationThread and ThreadMessage: Redash-style fat models.
+
+Finders are short classmethods taking a `Session`. Methods may add/flush/execute but never
+commit: the caller owns the transaction.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    ForeignKey,
+    Identity,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    case,
+    func,
+    literal_column,
+    select,
+    text,
+    true,
+    tuple_,
+)
+from sqlalchemy.dialects.postgresql import JSONB, UUID, insert
+from sqlalchemy.orm import Mapped, Session, mapped_column
+
+from memory_core.db import Base
+
+
+class ConversationThread(Base):
+    """One row per thread: owner, agent type, title, archive flags and the running summary."""
+
+    __tablename__ = "conversation_threads"
+    __table_args__ = (
+        CheckConstraint("agent_type IN ('chat', 'copilot')", name="agent_type"),
+        CheckConstraint(
+            "summary_through_seq >= 0 AND summary_through_seq <= last_seq", name="summary_cursor"
+        ),
+        Index(
+            "ix_conversation_threads_owner_history", "owner_id", "is_archived", "updated_at", "id"
+        ),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
+    owner_id: Mapped[str] = mapped_column(String(255))
+    agent_type: Mapped[str] = mapped_column(String(16))
+    title: Mapped[str] = mapped_column(Text)
+    is_archived: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    archived_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Running LLM summary: covers every turn with seq <= summary_through_seq.
+    summary: Mapped[str | None] = mapped_column(Text)
+    summary_through_seq: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    summary_prompt: Mapped[str | None] = mapped_column(String(200))
+    summary_updated_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Highest seq handed out; bumped under the row lock so seq has no gaps.
+    last_seq: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    # Fold bookkeeping: failed attempts, when the next attempt is due, and the single-flight lease.
+    fold_attempts: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    fold_due_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    fold_lease_token: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
+    fold_lease_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    last_fold_error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+    @classmethod
+    def get_owned(cls, session: Session, thread_id: uuid.UUID, owner_id: str) -> Any:
+        stmt = select(cls).where(cls.id == thread_id, cls.owner_id == owner_id)
+        return session.scalars(stmt).one_or_none()
+
+    @classmethod
+    def history(
+        cls,
+        session: Session,
+        owner_id: str,
+        *,
+        limit: int = 20,
+        before: tuple[datetime, uuid.UUID] | None = None,
+        include_archived: bool = False,
+    ) -> list[ConversationThread]:
+        """A user's threads, most recently active first; keyset-paginated by `before`."""
+        stmt = select(cls).where(cls.owner_id == owner_id)
+        if not include_archived:
+            stmt = stmt.where(cls.is_archived.is_(False))
+        if before is not None:
+            stmt = stmt.where(tuple_(cls.updated_at, cls.id) < tuple_(*before))
+        stmt = stmt.order_by(cls.updated_at.desc(), cls.id.desc()).limit(limit)
+        return list(session.scalars(stmt))
+
+    def set_archived(self, archived: bool) -> None:
+        self.is_archived = archived
+        self.archived_at = func.now() if archived else None  # type: ignore[assignment]
+
+    @classmethod
+    def claim_next_seq(
+        cls,
+        session: Session,
+        *,
+        thread_id: uuid.UUID,
+        owner_id: str,
+        agent_type: str,
+        title: str,
+        fold_threshold: int,
+        republish_grace_s: int,
+    ) -> SeqClaim | None:
+        """Create the thread on its first turn or bump its seq, under the thread row lock.
+
+        Also marks a fold as requested (fold_due_at = now) when this turn takes the thread over
+        the threshold and no fold is pending, or the pending one is overdue by more than the
+        grace period (its message was lost). Returns None when the thread belongs to someone else.
+        """
+        t = cls.__table__
+        grace = func.make_interval(0, 0, 0, 0, 0, 0, republish_grace_s)
+        overdue = t.c.fold_due_at < func.now() - grace
+        needs_fold = (t.c.last_seq + 1 - t.c.summary_through_seq > fold_threshold) & (
+            t.c.fold_due_at.is_(None) | overdue
+        )
+        stmt = (
+            insert(t)
+            .values(id=thread_id, owner_id=owner_id, agent_type=agent_type, title=title, last_seq=1)
+            .on_conflict_do_update(
+                index_elements=[t.c.id],
+                set_={
+                    "last_seq": t.c.last_seq + 1,
+                    "updated_at": func.now(),
+                    "fold_due_at": case((needs_fold, func.now()), else_=t.c.fold_due_at),
+                },
+                where=t.c.owner_id == literal_column("excluded.owner_id"),
+            )
+            .returning(
+                t.c.last_seq,
+                t.c.summary,
+                t.c.summary_through_seq,
+                (t.c.fold_due_at == func.now()).label("fold_requested"),
+            )
+        )
+        row = session.execute(stmt).one_or_none()
+        if row is None:
+            return None
+        return SeqClaim(
+            row.last_seq, row.summary, row.summary_through_seq, bool(row.fold_requested)
+        )
+
+    @classmethod
+    def rehydrate(
+        cls, session: Session, thread_id: uuid.UUID, owner_id: str, cap: int
+    ) -> tuple[Any, list[Any]] | None:
+        """Summary + the newest `cap` unfolded turns in one indexed, owner-checked query.
+
+        Reads via the (thread_id, seq) unique index backwards from the end, so the cost does not
+        grow with the length of the thread's history.
+        """
+        m = ThreadMessage.__table__
+        t = cls.__table__
+        recent = (
+            select(
+                m.c.seq, m.c.session_id, m.c.user_query, m.c.answer, m.c.artifacts, m.c.completed_at
+            )
+            .where(m.c.thread_id == t.c.id, m.c.seq > t.c.summary_through_seq)
+            .order_by(m.c.seq.desc())
+            .limit(cap)
+            .lateral("recent")
+        )
+        stmt = (
+            select(t.c.summary, t.c.summary_through_seq, t.c.last_seq, recent)
+            .select_from(t.outerjoin(recent, true()))
+            .where(t.c.id == thread_id, t.c.owner_id == owner_id)
+        )
+        rows = session.execute(stmt).all()
+        if not rows:
+            return None
+        turns = sorted((r for r in rows if r.seq is not None), key=lambda r: r.seq)
+        return rows[0], turns
+
+
+@dataclass(frozen=True, slots=True)
+class SeqClaim:
+    seq: int
+    summary: str | None
+    summary_through_seq: int
+    fold_requested: bool
+
+
+class ThreadMessage(Base):
+    """One user-query -> answer turn; `session_id` makes finalize idempotent."""
+
+    __tablename__ = "thread_messages"
+    __table_args__ = (
+        UniqueConstraint("thread_id", "seq", name="uq_thread_messages_thread_id_seq"),
+        CheckConstraint("seq >= 1", name="seq_positive"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(always=True), primary_key=True)
+    thread_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("conversation_threads.id", ondelete="CASCADE")
+    )
+    session_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), unique=True)
+    seq: Mapped[int] = mapped_column(Integer)
+    user_query: Mapped[str] = mapped_column(Text)
+    answer: Mapped[str] = mapped_column(Text, server_default=text("''"))
+    # Derived once at finalize (memory_core.artifacts); read back as stored, never re-derived.
+    artifacts: Mapped[list[Any]] = mapped_column(JSONB, server_default=text("'[]'::jsonb"))
+    response_payload: Mapped[dict[str, Any]] = mapped_column(
+        JSONB, server_default=text("'{}'::jsonb")
+    )
+    completed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+    @classmethod
+    def insert_once(cls, session: Session, **values: Any) -> bool:
+        """Insert the turn unless its session_id is already stored; True when inserted."""
+        t = cls.__table__
+        stmt = (
+            insert(t).values(**values).on_conflict_do_nothing(index_elements=[t.c.session_id])
+        ).returning(t.c.id)
+        return session.execute(stmt).first() is not None
+
+    @classmethod
+    def by_session(cls, session: Session, session_id: uuid.UUID) -> ThreadMessage | None:
+        return session.scalars(select(cls).where(cls.session_id == session_id)).one_or_none()
+
+    @classmethod
+    def transcript(
+        cls,
+        session: Session,
+        thread_id: uuid.UUID,
+        owner_id: str,
+        *,
+        after_seq: int = 0,
+        limit: int = 50,
+    ) -> list[ThreadMessage]:
+        """A page of the transcript in order (owner-checked through the thread row)."""
+        stmt = (
+            select(cls)
+            .join(ConversationThread, ConversationThread.id == cls.thread_id)
+            .where(
+                cls.thread_id == thread_id,
+                ConversationThread.owner_id == owner_id,
+                cls.seq > after_seq,
+            )
+            .order_by(cls.seq)
+            .limit(limit)
+        )
+        return list(session.scalars(stmt))
+
+    @classmethod
+    def between(
+        cls, session: Session, thread_id: uuid.UUID, after_seq: int, through_seq: int
+    ) -> list[ThreadMessage]:
+        """Turns after_seq < seq <= through_seq in order (what a fold reads)."""
+        stmt = (
+            select(cls)
+            .where(cls.thread_id == thread_id, cls.seq > after_seq, cls.seq <= through_seq)
+            .order_by(cls.seq)
+        )
+        return list(session.scalars(stmt))

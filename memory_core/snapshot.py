@@ -1,0 +1,152 @@
+"""`TurnSnapshot`: what an agent hands over at finalize, validated before anything is written.
+
+Size limits (documented in the README; a violation names the field):
+
+| field            | limit                                   |
+|------------------|-----------------------------------------|
+| owner_id         | 1..255 characters                       |
+| user_query       | 1..8 000 characters                     |
+| answer           | 100 000 characters                      |
+| sql              | 20 statements, each 1..50 000 characters |
+| visualizations   | 50 objects                              |
+| dashboards       | 20 objects                              |
+| response_payload | 1 MiB as JSON                           |
+
+No text anywhere may hold NUL characters or lone UTF-16 surrogates: Postgres cannot store
+them, so they are rejected up front instead of failing half-way through a write.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+from uuid import UUID
+
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    StrictStr,
+    field_validator,
+)
+
+MAX_PAYLOAD_BYTES = 1024 * 1024
+
+
+def _check_text(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("must not contain NUL characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError("must be valid Unicode (no lone surrogates)") from exc
+    return value
+
+
+def _check_json(value: Any, path: str = "") -> None:
+    """Walk a JSON-like value: every string (keys too) must be storable text."""
+    if isinstance(value, str):
+        try:
+            _check_text(value)
+        except ValueError as exc:
+            raise ValueError(f"{path or 'value'}: {exc}") from None
+    elif isinstance(value, Mapping):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise ValueError(f"{path}: object keys must be strings")
+            _check_json(k, f"{path}.{k}" if path else k)
+            _check_json(v, f"{path}.{k}" if path else k)
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            _check_json(v, f"{path}[{i}]")
+    elif value is not None and not isinstance(value, bool | int | float):
+        raise ValueError(f"{path or 'value'}: {type(value).__name__} is not JSON")
+
+
+def _json_object(value: dict[str, Any]) -> dict[str, Any]:
+    _check_json(value)
+    try:
+        size = len(json.dumps(value, allow_nan=False).encode("utf-8"))
+    except ValueError as exc:  # NaN / Infinity are not JSON and not storable in JSONB
+        raise ValueError(f"not valid JSON: {exc}") from None
+    if size > MAX_PAYLOAD_BYTES:
+        raise ValueError(f"is {size} bytes as JSON; the limit is {MAX_PAYLOAD_BYTES}")
+    return value
+
+
+Text = Annotated[StrictStr, AfterValidator(_check_text)]
+ObjectId = StrictInt | Annotated[StrictStr, Field(max_length=255), AfterValidator(_check_text)]
+
+
+class _RedashObject(BaseModel):
+    # Live Redash objects carry many more fields; memory keeps only what it describes.
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class VisualizationIn(_RedashObject):
+    id: ObjectId
+    type: Annotated[Text, Field(min_length=1, max_length=100)]
+    name: Annotated[Text, Field(max_length=1000)] = ""
+    options: Annotated[dict[str, Any], AfterValidator(_json_object)] = Field(default_factory=dict)
+
+
+class WidgetIn(_RedashObject):
+    visualization_id: ObjectId | None = None
+    visualization: dict[str, Any] | None = None
+
+
+class DashboardIn(_RedashObject):
+    id: ObjectId
+    name: Annotated[Text, Field(max_length=1000)] = ""
+    widgets: Annotated[list[WidgetIn], Field(max_length=500)] = Field(default_factory=list)
+
+
+class TurnSnapshot(BaseModel):
+    """One completed user-query -> answer turn, as handed over at finalize."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    session_id: UUID
+    thread_id: UUID
+    owner_id: Annotated[Text, Field(min_length=1, max_length=255)]
+    agent_type: Literal["chat", "copilot"]
+    user_query: Annotated[Text, Field(min_length=1, max_length=8000)]
+    answer: Annotated[Text, Field(max_length=100_000)] = ""
+    sql: Annotated[
+        list[Annotated[Text, Field(min_length=1, max_length=50_000)]], Field(max_length=20)
+    ] = Field(default_factory=list)
+    visualizations: Annotated[list[VisualizationIn], Field(max_length=50)] = Field(
+        default_factory=list
+    )
+    dashboards: Annotated[list[DashboardIn], Field(max_length=20)] = Field(default_factory=list)
+    response_payload: Annotated[dict[str, Any], AfterValidator(_json_object)] = Field(
+        default_factory=dict
+    )
+    completed_at: AwareDatetime = Field(default_factory=lambda: datetime.now(UTC))
+
+    @field_validator("session_id", "thread_id", mode="before")
+    @classmethod
+    def _uuid_text(cls, v: Any) -> Any:
+        # Only canonical UUID strings (or UUID objects): no ints, bytes or braces.
+        if isinstance(v, UUID):
+            return v
+        if not isinstance(v, str) or len(v) != 36:
+            raise ValueError("must be a UUID string like 1b4e28ba-2fa1-11d2-883f-0016d3cca427")
+        return v
+
+    @field_validator("user_query")
+    @classmethod
+    def _not_blank(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must not be blank")
+        return v
+
+    @field_validator("completed_at")
+    @classmethod
+    def _utc(cls, v: datetime) -> datetime:
+        return v.astimezone(UTC)

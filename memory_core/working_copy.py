@@ -1,0 +1,143 @@
+"""The Redis working copy of a thread: summary cursor + unfolded turns, every key with a TTL.
+
+Layout (one thread's keys share the hash tag `{thread_id}`, so the scripts below run
+unchanged on Redis Cluster):
+
+    <prefix>:{<thread_id>}:meta   hash  owner, through (summary cursor), summary, last
+    <prefix>:{<thread_id>}:turns  zset  score = seq, member = Exchange JSON
+
+The copy is contiguous: it holds every turn from its oldest entry up to `last`, with no hole.
+Writes go through one Lua script with two modes:
+
+* append: add turn `seq` when it is `last + 1`; a replayed turn is a no-op. Returns `missing`
+  (no copy), `gap` (an earlier write was missed, e.g. Redis was unreachable) or `stale` (a fold
+  committed a newer summary than the copy has): the caller then rebuilds from Postgres.
+* merge: union a complete Postgres snapshot into the copy (creating it if absent). Merging is
+  monotonic (newer summary wins, rows are unioned by seq), so concurrent rebuilds and appends
+  converge whatever order they land in.
+
+Both then drop turns covered by the summary, cap the unfolded turns at `cap` (oldest first;
+they stay in Postgres and the next fold covers them) and refresh the TTL of both keys.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from uuid import UUID
+
+import redis
+
+from memory_core.context import ConversationContext, Exchange
+
+_WRITE = """
+local meta, turns = KEYS[1], KEYS[2]
+local mode, owner = ARGV[1], ARGV[2]
+local through, last = tonumber(ARGV[4]), tonumber(ARGV[5])
+local ttl, cap = tonumber(ARGV[6]), tonumber(ARGV[7])
+local exists = redis.call('EXISTS', meta) == 1
+local cur_through, cur_last = -1, 0
+if exists then
+  if redis.call('HGET', meta, 'owner') ~= owner then return 'owner' end
+  cur_through = tonumber(redis.call('HGET', meta, 'through'))
+  cur_last = tonumber(redis.call('HGET', meta, 'last'))
+elseif mode == 'append' then
+  return 'missing'
+end
+local add_rows = true
+if mode == 'append' then
+  if through > cur_through then return 'stale' end
+  local s = tonumber(ARGV[8])
+  if s > cur_last + 1 then return 'gap' end
+  add_rows = s == cur_last + 1
+elseif through > cur_through then
+  redis.call('HSET', meta, 'through', through)
+  if ARGV[3] ~= '' then redis.call('HSET', meta, 'summary', string.sub(ARGV[3], 2)) end
+  cur_through = through
+end
+if add_rows then
+  for i = 8, #ARGV, 2 do
+    local s = tonumber(ARGV[i])
+    if s > cur_through and redis.call('ZCOUNT', turns, s, s) == 0 then
+      redis.call('ZADD', turns, s, ARGV[i + 1])
+    end
+  end
+end
+redis.call('ZREMRANGEBYSCORE', turns, '-inf', cur_through)
+redis.call('ZREMRANGEBYRANK', turns, 0, -(cap + 1))
+if last > cur_last then cur_last = last end
+if cur_through > cur_last then cur_last = cur_through end
+redis.call('HSET', meta, 'owner', owner, 'last', cur_last)
+redis.call('PEXPIRE', meta, ttl)
+redis.call('PEXPIRE', turns, ttl)
+return 'ok'
+"""
+
+
+class WorkingCopy:
+    """Reads and writes one Redis working copy per thread."""
+
+    def __init__(self, client: redis.Redis, *, key_prefix: str, ttl_ms: int, cap: int) -> None:
+        self.client = client
+        self.key_prefix = key_prefix
+        self.ttl_ms = ttl_ms
+        self.cap = cap
+        self._write = client.register_script(_WRITE)
+
+    def keys(self, thread_id: UUID | str) -> tuple[str, str]:
+        tag = f"{self.key_prefix}:{{{thread_id}}}"
+        return f"{tag}:meta", f"{tag}:turns"
+
+    def append(self, thread_id: UUID, owner_id: str, through: int, turn: Exchange) -> str:
+        """Add one just-committed turn; `through` is the summary cursor Postgres returned."""
+        args = ["append", owner_id, "", through, turn.seq, self.ttl_ms, self.cap]
+        args += [turn.seq, turn.model_dump_json()]
+        return self._run(thread_id, args)
+
+    def merge(self, owner_id: str, ctx: ConversationContext, last_seq: int) -> str:
+        """Union a complete snapshot (Postgres as of some commit) into the copy."""
+        summary = "" if ctx.summary is None else "s" + ctx.summary
+        args: list[str | int] = [
+            "merge",
+            owner_id,
+            summary,
+            ctx.summary_through_seq,
+            last_seq,
+            self.ttl_ms,
+            self.cap,
+        ]
+        for turn in ctx.recent:
+            args += [turn.seq, turn.model_dump_json()]
+        return self._run(ctx.thread_id, args)
+
+    def _run(self, thread_id: UUID, args: Sequence[str | int]) -> str:
+        result = self._write(keys=self.keys(thread_id), args=list(args))
+        return result.decode() if isinstance(result, bytes) else str(result)
+
+    def read(self, thread_id: UUID) -> tuple[dict[bytes, bytes], list[bytes]]:
+        """Meta hash and turn members, atomically, in one round trip."""
+        meta_key, turns_key = self.keys(thread_id)
+        pipe = self.client.pipeline(transaction=True)
+        pipe.hgetall(meta_key)
+        pipe.zrange(turns_key, 0, -1)
+        meta, members = pipe.execute()
+        return meta, members
+
+    def delete(self, thread_id: UUID) -> None:
+        self.client.delete(*self.keys(thread_id))
+
+
+def context_from_copy(
+    thread_id: UUID, meta: dict[bytes, bytes], members: list[bytes]
+) -> ConversationContext:
+    """Assemble the context JSON from the stored members and parse it in one pass."""
+    summary = meta.get(b"summary")
+    head = json.dumps(
+        {
+            "thread_id": str(thread_id),
+            "summary": summary.decode() if summary is not None else None,
+            "summary_through_seq": int(meta[b"through"]),
+        }
+    )
+    body = b",".join(members).decode()
+    return ConversationContext.model_validate_json(f'{head[:-1]}, "recent": [{body}]}}')
