@@ -104,7 +104,7 @@ def _widget_visualization_id(widget: Mapping[str, Any]) -> int | str | None:
     vid = widget.get("visualization_id")
     if vid is None and isinstance(widget.get("visualization"), Mapping):
         vid = widget["visualization"].get("id")
-    return vid  # type: ignore[no-any-return]
+    return vid
 
 
 def describe_dashboard(dash: Mapping[str, Any]) -> DashboardArtifact:

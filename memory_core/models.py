@@ -9,7 +9,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import (
     BigInteger,
@@ -21,6 +21,7 @@ from sqlalchemy import (
     Index,
     Integer,
     String,
+    Table,
     Text,
     UniqueConstraint,
     case,
@@ -99,7 +100,7 @@ class ConversationThread(Base):
 
     def set_archived(self, archived: bool) -> None:
         self.is_archived = archived
-        self.archived_at = func.now() if archived else None  # type: ignore[assignment]
+        self.archived_at = func.now() if archived else None
 
     @classmethod
     def claim_next_seq(
@@ -119,7 +120,7 @@ class ConversationThread(Base):
         the threshold and no fold is pending, or the pending one is overdue by more than the
         grace period (its message was lost). Returns None when the thread belongs to someone else.
         """
-        t = cls.__table__
+        t = cast(Table, cls.__table__)
         grace = func.make_interval(0, 0, 0, 0, 0, 0, republish_grace_s)
         overdue = t.c.fold_due_at < func.now() - grace
         needs_fold = (t.c.last_seq + 1 - t.c.summary_through_seq > fold_threshold) & (
@@ -160,8 +161,8 @@ class ConversationThread(Base):
         Reads via the (thread_id, seq) unique index backwards from the end, so the cost does not
         grow with the length of the thread's history.
         """
-        m = ThreadMessage.__table__
-        t = cls.__table__
+        m = cast(Table, ThreadMessage.__table__)
+        t = cast(Table, cls.__table__)
         recent = (
             select(
                 m.c.seq, m.c.session_id, m.c.user_query, m.c.answer, m.c.artifacts, m.c.completed_at
@@ -219,7 +220,7 @@ class ThreadMessage(Base):
     @classmethod
     def insert_once(cls, session: Session, **values: Any) -> bool:
         """Insert the turn unless its session_id is already stored; True when inserted."""
-        t = cls.__table__
+        t = cast(Table, cls.__table__)
         stmt = (
             insert(t).values(**values).on_conflict_do_nothing(index_elements=[t.c.session_id])
         ).returning(t.c.id)

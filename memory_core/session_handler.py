@@ -81,17 +81,18 @@ def save_session_to_thread_safe(
         reason = format_validation_error(exc)
         log.warning("memory.finalize_rejected", reason=reason)
         return SaveOutcome("rejected", reason=reason)
-    ids = {"thread_id": str(snap.thread_id), "session_id": str(snap.session_id)}
+    tid, sid = str(snap.thread_id), str(snap.session_id)
+    ids = {"thread_id": tid, "session_id": sid}
     memory = memory or RedisConversationMemory()
     turn = _exchange(snap, seq=0)
     try:
         claim = _write_turn(snap, turn, memory)
     except _Abort as abort:
         log.info("memory.finalize_" + abort.status, reason=abort.reason, **ids)
-        return SaveOutcome(abort.status, reason=abort.reason, **ids)
+        return SaveOutcome(abort.status, tid, sid, reason=abort.reason)
     except (SQLAlchemyError, OSError) as exc:
         log.error("memory.finalize_failed", error=repr(exc), **ids)
-        return SaveOutcome("failed", reason=f"postgres: {exc}", retryable=True, **ids)
+        return SaveOutcome("failed", tid, sid, reason=f"postgres: {exc}", retryable=True)
     cache = memory.record_turn(
         snap.owner_id,
         snap.thread_id,
@@ -102,7 +103,7 @@ def save_session_to_thread_safe(
         snap.thread_id, memory.settings.celery_broker_url
     )
     log.info("memory.finalize_saved", seq=claim.seq, cache=cache, fold_published=published, **ids)
-    return SaveOutcome("saved", seq=claim.seq, cache=cache, fold_published=published, **ids)
+    return SaveOutcome("saved", tid, sid, seq=claim.seq, cache=cache, fold_published=published)
 
 
 def _write_turn(snap: TurnSnapshot, turn: Exchange, memory: RedisConversationMemory) -> SeqClaim:

@@ -90,7 +90,7 @@ class WorkingCopy:
 
     def append(self, thread_id: UUID, owner_id: str, through: int, turn: Exchange) -> str:
         """Add one just-committed turn; `through` is the summary cursor Postgres returned."""
-        args = ["append", owner_id, "", through, turn.seq, self.ttl_ms, self.cap]
+        args: list[str | int] = ["append", owner_id, "", through, turn.seq, self.ttl_ms, self.cap]
         args += [turn.seq, turn.model_dump_json()]
         return self._run(thread_id, args)
 

@@ -1,0 +1,341 @@
+"""Memory events on a Redis stream (`memory:events`), and a consumer-group reader for them.
+
+Producer: `emit_event` appends one entry with the fields fixed by ARCHITECTURE.md, in this order:
+`event`, `thread_id`, `session_id`, `attempt`, `error`, `retry_in_s` ("" when unknown) and `at`
+(ISO-8601 UTC, e.g. "2026-11-29T12:00:00.123Z"), then any extra string fields. The stream is
+capped with an approximate `MAXLEN ~` (cheap; Redis trims whole nodes, so the length may exceed
+the cap by up to one node). Emitting never raises: a failure is logged and `None` is returned.
+
+Text handling: `error` is cut to `MAX_ERROR_CHARS` characters (the last three become "...").
+Lone surrogates (which UTF-8, and so Redis, cannot store) are replaced by U+FFFD in every field;
+any other text, control characters included, round-trips unchanged.
+
+Consumer: `EventConsumer` reads through a consumer group with at-least-once delivery. `read`
+returns this consumer's own pending entries first (what it read but never acked, e.g. before a
+crash; XREADGROUP with id 0 counts as a new delivery), then new ones. `claim_stale` takes over
+entries left idle by dead consumers. An entry delivered more than `max_deliveries` times is
+copied to the dead-letter stream (default `<stream>:dead`) with the fields `original_id`,
+`original_stream`, `deliveries`, `group`, `consumer`, `dead_lettered_at`, and acked.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from collections.abc import Generator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, cast
+
+import structlog
+from redis import Redis
+from redis.exceptions import ResponseError
+
+from memory_core.settings import get_settings
+
+MEMORY_SUMMARIZATION_FAILED = "memory_summarization_failed"
+MEMORY_SUMMARIZED = "memory_summarized"
+MEMORY_FINALIZE_REJECTED = "memory_finalize_rejected"
+
+EVENT_FIELDS = ("event", "thread_id", "session_id", "attempt", "error", "retry_in_s", "at")
+MAX_ERROR_CHARS = 2000
+
+_SURROGATES = re.compile("[\ud800-\udfff]")
+_log = structlog.get_logger()
+
+
+def _now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _clean(value: object) -> str:
+    """Text Redis can store: lone surrogates become U+FFFD."""
+    return _SURROGATES.sub("\ufffd", value if isinstance(value, str) else str(value))
+
+
+def _text(value: object) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return value if isinstance(value, str) else str(value)
+
+
+def _truncate_error(error: str) -> str:
+    return error if len(error) <= MAX_ERROR_CHARS else error[: MAX_ERROR_CHARS - 3] + "..."
+
+
+def emit_event(
+    redis: Redis,
+    event: str,
+    *,
+    thread_id: str = "",
+    session_id: str = "",
+    attempt: int = 0,
+    error: str = "",
+    retry_in_s: float | None = None,
+    stream: str | None = None,
+    maxlen: int | None = None,
+    **extra: str,
+) -> str | None:
+    """XADD one event (MAXLEN ~ `maxlen`); returns the entry id, or None if Redis failed.
+
+    Never raises, so a failure path can always call it. How long it can take when Redis is down
+    is set by the client: its socket timeouts and its `retry` policy (redis-py's default retries
+    a refused connection 10 times, about 4 s); give failure-path clients a bounded policy.
+    """
+    try:
+        settings = get_settings()
+        fields = {
+            "event": _clean(event),
+            "thread_id": _clean(thread_id),
+            "session_id": _clean(session_id),
+            "attempt": str(int(attempt)),
+            "error": _truncate_error(_clean(error)),
+            "retry_in_s": "" if retry_in_s is None else str(retry_in_s),
+            "at": _now_iso(),
+        }  # extra fields never override these
+        fields.update({_clean(k): _clean(v) for k, v in extra.items() if k not in fields})
+        stream = settings.memory_events_stream if stream is None else stream
+        maxlen = settings.memory_events_maxlen if maxlen is None else maxlen
+        return _text(redis.xadd(stream, cast(Any, fields), maxlen=maxlen, approximate=True))
+    except Exception as exc:
+        _log.warning("memory_event_emit_failed", event_name=event, error=repr(exc))
+        return None
+
+
+def _parse_at(value: str, entry_id: str) -> datetime:
+    try:
+        at = datetime.fromisoformat(value)
+        return at if at.tzinfo else at.replace(tzinfo=UTC)
+    except ValueError:  # missing or malformed: the entry id holds the append time in ms
+        millis = entry_id.split("-", 1)[0]
+        return datetime.fromtimestamp(int(millis) / 1000 if millis.isdigit() else 0, UTC)
+
+
+def _parse_number(value: str, kind: type[float] | type[int]) -> float | int | None:
+    try:
+        return kind(value) if value else None
+    except ValueError:
+        return None
+
+
+@dataclass
+class Event:
+    """One stream entry, parsed. `fields` keeps every raw field (extras included)."""
+
+    id: str
+    event: str
+    thread_id: str
+    session_id: str
+    attempt: int
+    error: str
+    retry_in_s: float | None
+    at: datetime
+    fields: dict[str, str] = field(default_factory=dict)
+    deliveries: int = 0  # from the group's pending entry list; 0 when unknown
+
+    @classmethod
+    def from_entry(cls, entry_id: object, raw: Any, deliveries: int = 0) -> Event:
+        eid = _text(entry_id)
+        fields = {_text(k): _text(v) for k, v in (raw or {}).items()}
+        return cls(
+            id=eid,
+            event=fields.get("event", ""),
+            thread_id=fields.get("thread_id", ""),
+            session_id=fields.get("session_id", ""),
+            attempt=int(_parse_number(fields.get("attempt", ""), int) or 0),
+            error=fields.get("error", ""),
+            retry_in_s=_parse_number(fields.get("retry_in_s", ""), float),
+            at=_parse_at(fields.get("at", ""), eid),
+            fields=fields,
+            deliveries=deliveries,
+        )
+
+
+def _entries(response: Any) -> list[tuple[Any, Any]]:
+    """(id, fields) pairs of an XREAD/XREADGROUP reply (RESP2 list, or RESP3 dict)."""
+    if not response:
+        return []
+    if isinstance(response, dict):  # RESP3: {stream: [[(id, fields), ...]]}
+        per_stream = [v[0] if v else [] for v in response.values()]
+    else:  # RESP2: [[stream, [(id, fields), ...]], ...]
+        per_stream = [item[1] for item in response]
+    return [(e[0], e[1]) for entries in per_stream for e in entries]
+
+
+class EventConsumer:
+    """At-least-once reader of the event stream through a Redis consumer group."""
+
+    def __init__(
+        self,
+        redis: Redis,
+        group: str,
+        consumer: str,
+        *,
+        stream: str | None = None,
+        max_deliveries: int = 5,
+        dead_letter_stream: str | None = None,
+    ) -> None:
+        if max_deliveries < 1:
+            raise ValueError("max_deliveries must be at least 1")
+        self.redis = redis
+        self.group = group
+        self.consumer = consumer
+        self.stream = stream if stream is not None else get_settings().memory_events_stream
+        self.max_deliveries = max_deliveries
+        self.dead_letter_stream = dead_letter_stream or f"{self.stream}:dead"
+
+    def ensure_group(self, start_id: str = "0") -> bool:
+        """Create the group (and the stream); True if created, False if it already existed."""
+        try:
+            self.redis.xgroup_create(self.stream, self.group, id=start_id, mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+            return False
+        return True
+
+    def read(self, count: int = 10, block_ms: int | None = None) -> list[Event]:
+        """This consumer's own pending entries first; when there are none, new entries.
+
+        `block_ms` applies to new entries only (None: do not block).
+        """
+        while True:
+            own = self.redis.xreadgroup(self.group, self.consumer, {self.stream: "0"}, count=count)
+            pending = _entries(own)
+            if not pending:
+                break
+            events = self._screen(pending)
+            if events:
+                return events
+            # every entry of that page was acked (deleted or dead-lettered): look again
+        new = self.redis.xreadgroup(
+            self.group, self.consumer, {self.stream: ">"}, count=count, block=block_ms
+        )
+        return [Event.from_entry(eid, raw, deliveries=1) for eid, raw in _entries(new)]
+
+    def ack(self, *ids: str) -> int:
+        return int(self.redis.xack(self.stream, self.group, *ids)) if ids else 0
+
+    def claim_stale(self, min_idle_ms: int, count: int = 100) -> list[Event]:
+        """Take over up to `count` entries pending (in any consumer) for at least `min_idle_ms`."""
+        claimed: list[tuple[Any, Any]] = []
+        cursor = "0-0"
+        while len(claimed) < count:
+            reply = self.redis.xautoclaim(
+                self.stream, self.group, self.consumer, min_idle_ms, cursor, count - len(claimed)
+            )
+            claimed.extend((e[0], e[1]) for e in reply[1])
+            cursor = _text(reply[0])
+            if cursor == "0-0":
+                break
+        return self._screen(claimed) if claimed else []
+
+    def tail(
+        self, follow: bool = False, count: int = 10, block_ms: int = 5000
+    ) -> Generator[Event, None, None]:
+        """Consume and ack: one read of up to `count` entries, or forever when `follow`.
+
+        An entry is acked when the caller asks for the next one, so an entry whose handling
+        was interrupted stays pending and is delivered again.
+        """
+        self.ensure_group()
+        while True:
+            for event in self.read(count=count, block_ms=block_ms if follow else None):
+                yield event
+                self.ack(event.id)
+            if not follow:
+                return
+
+    def _screen(self, entries: list[tuple[Any, Any]]) -> list[Event]:
+        """Ack entries trimmed from the stream, dead-letter over-delivered ones, parse the rest."""
+        gone = [_text(eid) for eid, raw in entries if not raw]
+        live = [(eid, raw) for eid, raw in entries if raw]
+        if gone:
+            _log.warning("memory_event_trimmed", stream=self.stream, group=self.group, ids=gone)
+            self.ack(*gone)
+        pipe = self.redis.pipeline(transaction=False)
+        for eid, _ in live:
+            pipe.xpending_range(self.stream, self.group, eid, eid, 1, consumername=self.consumer)
+        counts = [int(rows[0]["times_delivered"]) if rows else 0 for rows in pipe.execute()]
+        events = [Event.from_entry(eid, raw, n) for (eid, raw), n in zip(live, counts, strict=True)]
+        dead = [e for e in events if e.deliveries > self.max_deliveries]
+        if dead:
+            self._dead_letter(dead)
+        return [e for e in events if e.deliveries <= self.max_deliveries]
+
+    def _dead_letter(self, events: list[Event]) -> None:
+        pipe = self.redis.pipeline(transaction=False)
+        maxlen = get_settings().memory_events_maxlen
+        for e in events:
+            meta = {
+                "original_id": e.id,
+                "original_stream": self.stream,
+                "deliveries": str(e.deliveries),
+                "group": self.group,
+                "consumer": self.consumer,
+                "dead_lettered_at": _now_iso(),
+            }
+            pipe.xadd(self.dead_letter_stream, cast(Any, {**e.fields, **meta}), maxlen=maxlen)
+        pipe.xack(self.stream, self.group, *(e.id for e in events))
+        pipe.execute()  # XADDs first: a failed ack re-delivers, it never loses the entry
+        ids = [e.id for e in events]
+        _log.warning("memory_event_dead_lettered", stream=self.dead_letter_stream, ids=ids)
+
+
+def tail_events(
+    redis: Redis,
+    *,
+    stream: str | None = None,
+    group: str | None = None,
+    consumer: str | None = None,
+    follow: bool = False,
+    count: int = 10,
+    block_ms: int = 5000,
+    from_start: bool = False,
+) -> Generator[Event, None, None]:
+    """What `agent-memory events tail` prints.
+
+    Without a group: a plain reader that changes nothing — the last `count` entries (or, with
+    `from_start`, every entry from the oldest), then with `follow` new entries as they arrive.
+    With a group: `EventConsumer.tail` (consume and ack) as `consumer` (default `cli-<host>`).
+    """
+    stream = stream if stream is not None else get_settings().memory_events_stream
+    if group:
+        name = consumer or f"cli-{socket.gethostname()}"
+        yield from EventConsumer(redis, group, name, stream=stream).tail(follow, count, block_ms)
+        return
+    last_id = "0-0"
+    if from_start:
+        while page := redis.xrange(stream, min=f"({last_id}", count=count):
+            for eid, raw in page:
+                yield Event.from_entry(eid, raw)
+            last_id = _text(page[-1][0])
+    else:
+        for eid, raw in reversed(cast(list[Any], redis.xrevrange(stream, count=count))):
+            yield Event.from_entry(eid, raw)
+            last_id = _text(eid)
+    while follow:
+        for eid, raw in _entries(redis.xread({stream: last_id}, count=count, block=block_ms)):
+            yield Event.from_entry(eid, raw)
+            last_id = _text(eid)
+
+
+def _one_line(text: str) -> str:
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def format_event(e: Event) -> str:
+    """One line for the CLI: time, id, event, then the non-empty fields; error last."""
+    retry = "" if e.retry_in_s is None else f"{e.retry_in_s:g}s"
+    shown = [
+        ("thread", e.thread_id),
+        ("session", e.session_id),
+        ("attempt", str(e.attempt) if e.attempt else ""),
+        ("retry_in", retry),
+        ("deliveries", str(e.deliveries) if e.deliveries > 1 else ""),
+        *((k, v) for k, v in e.fields.items() if k not in EVENT_FIELDS),
+        ("error", e.error),
+    ]
+    parts = [e.at.isoformat(timespec="milliseconds"), e.id, e.event or "?"]
+    parts.extend(f"{k}={v}" for k, v in shown if v)
+    return _one_line(" ".join(parts))

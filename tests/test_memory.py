@@ -1,0 +1,129 @@
+"""RedisConversationMemory.get_context: hits, misses, rehydration, owner checks, the cap."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from sqlalchemy import update
+
+from memory_core import RedisConversationMemory, ThreadNotFound, save_session_to_thread_safe
+from memory_core.db import session_scope
+from memory_core.models import ConversationThread
+from tests.conftest import make_snapshot
+
+
+def _thread(memory: RedisConversationMemory, turns: int, owner: str = "user-42") -> uuid.UUID:
+    tid = uuid.uuid4()
+    for n in range(1, turns + 1):
+        assert save_session_to_thread_safe(make_snapshot(tid, n, owner_id=owner), memory=memory).ok
+    return tid
+
+
+def _set_summary(tid: uuid.UUID, summary: str, through: int) -> None:
+    with session_scope() as s:
+        s.execute(
+            update(ConversationThread)
+            .where(ConversationThread.id == tid)
+            .values(summary=summary, summary_through_seq=through)
+        )
+
+
+def test_hit_is_one_round_trip_and_equals_rehydration(
+    memory: RedisConversationMemory, redis_client
+) -> None:  # type: ignore[no-untyped-def]
+    tid = _thread(memory, 12)
+    before = redis_client.info("stats")["total_commands_processed"]
+    hit = memory.get_context(tid, "user-42")
+    after = redis_client.info("stats")["total_commands_processed"]
+    # MULTI, HGETALL, ZRANGE, EXEC (+ the INFO call itself): one pipelined round trip.
+    assert after - before <= 5
+    memory.invalidate(tid)
+    miss = memory.get_context(tid, "user-42")
+    assert miss == hit
+    assert miss.model_dump_json() == hit.model_dump_json()
+    assert [e.seq for e in hit.recent] == list(range(1, 13))
+    # The miss repopulated the copy, and the copy again equals what Postgres holds.
+    assert memory.copy.read(tid)[0]
+    assert memory.get_context(tid, "user-42") == hit
+
+
+def test_rehydrated_context_has_stored_summary_and_only_unfolded_turns(
+    memory: RedisConversationMemory,
+) -> None:
+    tid = _thread(memory, 15)
+    _set_summary(tid, "Goal: revenue by region, returns excluded.", through=5)
+    memory.invalidate(tid)
+    ctx = memory.get_context(tid, "user-42")
+    assert ctx.summary == "Goal: revenue by region, returns excluded."
+    assert ctx.summary_through_seq == 5
+    assert [e.seq for e in ctx.recent] == list(range(6, 16))
+    # The next save carries the new cursor into the copy: coverage holds (invariant 3).
+    save_session_to_thread_safe(make_snapshot(tid, 16), memory=memory)
+    ctx2 = memory.get_context(tid, "user-42")
+    assert ctx2.summary_through_seq == 5 and [e.seq for e in ctx2.recent] == list(range(6, 17))
+
+
+def test_newer_summary_in_postgres_refreshes_a_stale_copy_on_next_save(
+    memory: RedisConversationMemory,
+) -> None:
+    tid = _thread(memory, 12)
+    _set_summary(tid, "folded 1..4", through=4)  # a fold whose Redis refresh was lost
+    out = save_session_to_thread_safe(make_snapshot(tid, 13), memory=memory)
+    assert out.cache == "rebuilt"
+    ctx = memory.get_context(tid, "user-42")
+    assert (ctx.summary, ctx.summary_through_seq) == ("folded 1..4", 4)
+    assert [e.seq for e in ctx.recent] == list(range(5, 14))
+
+
+def test_stranger_and_unknown_get_the_same_error(memory: RedisConversationMemory) -> None:
+    tid = _thread(memory, 2)
+    unknown = uuid.uuid4()
+    with pytest.raises(ThreadNotFound) as stranger_hit:
+        memory.get_context(tid, "mallory")
+    memory.invalidate(tid)
+    with pytest.raises(ThreadNotFound) as stranger_miss:
+        memory.get_context(tid, "mallory")
+    with pytest.raises(ThreadNotFound) as missing:
+        memory.get_context(unknown, "mallory")
+    with pytest.raises(ThreadNotFound):
+        memory.get_context("not-a-uuid", "mallory")
+    assert str(stranger_hit.value) == str(stranger_miss.value) == f"thread {tid} not found"
+    assert str(missing.value) == f"thread {unknown} not found"
+    # A stranger's miss must not have created a copy under their name.
+    assert memory.get_context(tid, "user-42").recent[-1].seq == 2
+
+
+def test_redis_down_reads_postgres(memory: RedisConversationMemory, dead_redis) -> None:  # type: ignore[no-untyped-def]
+    tid = _thread(memory, 3)
+    offline = RedisConversationMemory(dead_redis)
+    assert offline.get_context(tid, "user-42") == memory.get_context(tid, "user-42")
+    with pytest.raises(ThreadNotFound):
+        offline.get_context(tid, "mallory")
+
+
+def test_unfolded_turns_are_capped_while_folding_fails(redis_client) -> None:  # type: ignore[no-untyped-def]
+    memory = RedisConversationMemory(redis_client)
+    assert memory.max_unfolded_messages == 40  # documented: 2 x compression_threshold
+    tid = _thread(memory, 47)  # no fold worker runs here: nothing gets folded
+    ctx = memory.get_context(tid, "user-42")
+    assert ctx.summary is None and ctx.summary_through_seq == 0
+    assert [e.seq for e in ctx.recent] == list(range(8, 48))
+    memory.invalidate(tid)
+    assert memory.get_context(tid, "user-42") == ctx
+
+
+def test_constructor_arguments_override_settings(redis_client, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from memory_core.settings import Settings
+
+    monkeypatch.setenv("MEMORY_TTL_HOURS", "2")
+    monkeypatch.setenv("MEMORY_KEY_PREFIX", "chat_conversation:ops")
+    s = Settings()
+    m = RedisConversationMemory(redis_client, settings=s)
+    assert (m.ttl_hours, m.key_prefix, m.compression_threshold) == (2, "chat_conversation:ops", 20)
+    m2 = RedisConversationMemory(
+        redis_client, settings=s, ttl_hours=5, compression_threshold=30, max_recent_messages=12
+    )
+    assert (m2.ttl_hours, m2.compression_threshold, m2.max_unfolded_messages) == (5, 30, 60)
+    with pytest.raises(ValueError, match="at least 2 x"):
+        RedisConversationMemory(redis_client, max_unfolded_messages=10)

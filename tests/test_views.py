@@ -1,0 +1,152 @@
+"""render_conversation_context: focus rules, exact budgets, the summary always survives."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from memory_core.artifacts import DashboardArtifact, SqlArtifact, VisualizationArtifact
+from memory_core.context import ConversationContext, Exchange
+from memory_core.tokens import count_tokens, encoding
+from memory_core.views import TRUNCATED_MARKER, render_conversation_context
+
+SQL = (
+    "SELECT region,\n       SUM(revenue) AS revenue\nFROM sales\nWHERE year = 2025\nGROUP BY region"
+)
+VIZ = VisualizationArtifact(
+    id=17, type="CHART", name="Revenue by region", chart="column", x=["region"], y=["revenue"]
+)
+DASH = DashboardArtifact(id=3, name="Sales 2025", widget_count=2, visualization_ids=[17])
+
+
+def _ex(seq: int, query: str = "q", answer: str = "a", arts: list | None = None) -> Exchange:  # type: ignore[type-arg]
+    return Exchange(
+        seq=seq,
+        session_id=uuid.UUID(int=seq),
+        user_query=query,
+        answer=answer,
+        artifacts=arts if arts is not None else [SqlArtifact(sql=SQL), VIZ, DASH],
+        completed_at=datetime(2026, 1, 1, tzinfo=UTC),
+    )
+
+
+def _ctx(
+    n: int, summary: str | None = "Goal: revenue by region; returns excluded."
+) -> ConversationContext:
+    return ConversationContext(
+        thread_id=uuid.UUID(int=1),
+        summary=summary,
+        summary_through_seq=0,
+        recent=[_ex(i) for i in range(1, n + 1)],
+    )
+
+
+def test_sql_focus_keeps_sql_verbatim_and_one_lines_the_rest() -> None:
+    out = render_conversation_context(_ctx(1), "sql", 1000)
+    assert SQL in out
+    assert 'Visualization #17 "Revenue by region" (chart/column)' in out
+    assert "x: region" not in out
+
+
+def test_visualizations_focus_expands_descriptors_and_one_lines_sql() -> None:
+    out = render_conversation_context(_ctx(1), "visualizations", 1000)
+    assert "  chart: column\n  x: region\n  y: revenue" in out
+    assert "  visualizations: #17" in out
+    assert SQL not in out and "SQL: SELECT region, SUM(revenue) AS revenue FROM sales" in out
+
+
+def test_brief_focus_one_lines_everything_and_trims_the_gist() -> None:
+    ctx = ConversationContext(
+        thread_id=uuid.UUID(int=1), recent=[_ex(1, query="why " * 200, answer="because " * 200)]
+    )
+    out = render_conversation_context(ctx, "brief", 2000)
+    assert SQL not in out and "x: region" not in out
+    assert len(out) < 900
+
+
+def test_oldest_exchanges_are_dropped_first() -> None:
+    ctx = _ctx(30)
+    out = render_conversation_context(ctx, "sql", 600)
+    kept = [e.seq for e in ctx.recent if f"[#{e.seq}] User:" in out]
+    assert kept and kept == list(range(31 - len(kept), 31))
+    assert f"({30 - len(kept)} older exchanges omitted)" in out
+    assert out.startswith("Conversation summary:\nGoal: revenue by region")
+
+
+def test_summary_alone_over_budget_is_cut_with_marker() -> None:
+    ctx = _ctx(3, summary="word " * 2000)
+    out = render_conversation_context(ctx, "brief", 100)
+    assert out.startswith("Conversation summary:\nword") and out.endswith(TRUNCATED_MARKER)
+    assert count_tokens(out) <= 100 and "[#" not in out
+
+
+def test_bad_focus_and_budget_are_rejected() -> None:
+    with pytest.raises(ValueError, match="focus must be one of"):
+        render_conversation_context(_ctx(1), "charts", 100)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        render_conversation_context(_ctx(1), "sql", -1)
+
+
+text = st.text(st.characters(exclude_categories=["Cs"]), max_size=400)
+artifact = st.one_of(
+    st.builds(SqlArtifact, sql=text.filter(str.strip)),
+    st.builds(
+        VisualizationArtifact,
+        id=st.integers(0, 10**6),
+        type=st.sampled_from(["CHART", "TABLE"]),
+        name=text,
+        chart=st.none() | st.sampled_from(["column", "line", "pie"]),
+        x=st.lists(text, max_size=3),
+        y=st.lists(text, max_size=3),
+    ),
+    st.builds(
+        DashboardArtifact,
+        id=st.integers(0, 10**6),
+        name=text,
+        widget_count=st.integers(0, 50),
+        visualization_ids=st.lists(st.integers(0, 99), max_size=5),
+    ),
+)
+
+
+@st.composite
+def contexts(draw: st.DrawFn) -> ConversationContext:
+    n = draw(st.integers(0, 25))
+    recent = [
+        Exchange(
+            seq=i + 1,
+            session_id=uuid.UUID(int=i + 1),
+            user_query=draw(text),
+            answer=draw(text),
+            artifacts=draw(st.lists(artifact, max_size=4)),
+            completed_at=datetime(2026, 1, 1, tzinfo=UTC),
+        )
+        for i in range(n)
+    ]
+    summary = draw(st.none() | st.text(st.characters(exclude_categories=["Cs"]), max_size=3000))
+    return ConversationContext(thread_id=uuid.UUID(int=7), summary=summary, recent=recent)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    ctx=contexts(),
+    focus=st.sampled_from(["brief", "sql", "visualizations"]),
+    budget=st.integers(0, 3000),
+)
+def test_view_never_exceeds_budget_and_keeps_summary(
+    ctx: ConversationContext, focus: str, budget: int
+) -> None:
+    out = render_conversation_context(ctx, focus, budget)  # type: ignore[arg-type]
+    # Exact count of the whole output, independent of the per-part accounting.
+    assert len(encoding().encode_ordinary(out)) <= budget
+    assert out == render_conversation_context(ctx, focus, budget)  # type: ignore[arg-type]
+    if ctx.summary and ctx.summary.strip() and budget >= 40:
+        assert out.startswith("Conversation summary:\n")
+        full = ctx.summary.rstrip() in out
+        assert full or out.rstrip("\n").endswith(TRUNCATED_MARKER.strip())
+    kept = [e.seq for e in ctx.recent if f"[#{e.seq}] User: " in out]
+    assert kept == [e.seq for e in ctx.recent][len(ctx.recent) - len(kept) :]
