@@ -44,6 +44,11 @@ class Settings(BaseSettings):
     memory_fold_lease_s: int = Field(default=360, ge=1)
     memory_summary_max_tokens: int = Field(default=1500, ge=50)
 
+    # Broker redelivery delay for unacked jobs; None = longest retry countdown + time limit.
+    memory_visibility_timeout_s: int | None = Field(default=None, ge=1)
+    memory_worker_soft_shutdown_s: float = Field(default=30.0, ge=0)
+    memory_finalize_retry_cap_s: int = Field(default=60, ge=1)
+
     memory_events_stream: str = "memory:events"
     memory_events_maxlen: int = Field(default=100_000, ge=100)
 

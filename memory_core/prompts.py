@@ -1,0 +1,199 @@
+"""Prompts of the conversation summarizer: the built-in texts and the Langfuse prompt.
+
+The Langfuse prompt `conversation_summarizer` (text or chat, variables `previous_summary` and
+`conversation`) wins when Langfuse is configured and answers quickly; on any Langfuse failure
+(bad keys, unreachable, hanging, missing prompt, a prompt without the variables) the built-in
+prompt is used. Langfuse is an optimisation here, never a dependency.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from langfuse import Langfuse
+from langfuse.model import ChatPromptClient, PromptClient, TextPromptClient
+from openai.types.chat import (
+    ChatCompletionAssistantMessageParam,
+    ChatCompletionDeveloperMessageParam,
+    ChatCompletionMessageParam,
+    ChatCompletionSystemMessageParam,
+    ChatCompletionUserMessageParam,
+)
+from opentelemetry.sdk.trace import TracerProvider
+
+from memory_core.settings import Settings
+
+log = logging.getLogger(__name__)
+
+LANGFUSE_PROMPT_NAME = "conversation_summarizer"
+BUILTIN_LABEL = "builtin:v1"
+
+BUILTIN_SYSTEM = (
+    "You maintain the running memory of a conversation between a data analyst and an "
+    "analytics assistant (SQL queries, charts, dashboards). You write a compact summary that "
+    "a later assistant turn reads instead of the full transcript."
+)
+
+BUILTIN_USER = """Extend the previous summary with the new conversation turns below.
+
+Keep, from both the previous summary and the new turns:
+- the user's analytical goals and how they evolved;
+- every definition, filter and assumption established in the conversation (metric
+  definitions, date ranges, excluded or included segments, WHERE conditions);
+- what was built: queries, charts and dashboards, with their names or ids.
+Drop small talk and details a follow-up question would not need. Do not invent facts.
+
+Write concise plain text (short sections or bullet points, no markdown headings), at most
+about {max_words} words. Reply with the updated summary only, no preamble.
+
+Previous summary:
+{previous_summary}
+
+New conversation turns:
+{conversation}
+"""
+
+ChatMessage = dict[str, str]
+
+
+@dataclass(frozen=True)
+class ResolvedPrompt:
+    """Messages ready for the LLM, the label recorded with the summary, the Langfuse prompt."""
+
+    messages: list[ChatMessage]
+    label: str
+    langfuse_prompt: PromptClient | None = None
+
+
+def builtin_prompt(previous_summary: str, conversation: str, max_tokens: int) -> ResolvedPrompt:
+    # ~0.75 words per token, with headroom so the answer stays under the token bound.
+    max_words = max(30, int(max_tokens * 0.5))
+    # One-pass str.format: braces inside the summary or the conversation stay literal.
+    user = BUILTIN_USER.format(
+        max_words=max_words, previous_summary=previous_summary, conversation=conversation
+    )
+    return ResolvedPrompt(
+        messages=[{"role": "system", "content": BUILTIN_SYSTEM}, {"role": "user", "content": user}],
+        label=BUILTIN_LABEL,
+    )
+
+
+def make_langfuse_client(settings: Settings) -> Langfuse | None:
+    """A Langfuse client for these settings, or None when keys are missing or init fails.
+
+    The SDK keeps one resource manager (HTTP clients, span processor, prompt cache) per public
+    key for the whole process; a second client with the same key shares it. We hand it its own
+    TracerProvider so that Langfuse never installs itself as the global OpenTelemetry provider.
+    """
+    if not settings.langfuse_configured:
+        return None
+    try:
+        return Langfuse(
+            public_key=settings.langfuse_public_key,
+            secret_key=settings.langfuse_secret_key,
+            base_url=settings.langfuse_base_url or None,
+            # The SDK takes whole seconds; it bounds prompt fetches and span exports.
+            timeout=max(1, math.ceil(settings.langfuse_prompt_timeout_s)),
+            tracer_provider=TracerProvider(),
+        )
+    except Exception as exc:  # never let observability break summarization
+        log.warning("langfuse client init failed: %s", exc)
+        return None
+
+
+def _compile_langfuse(
+    prompt: PromptClient, previous_summary: str, conversation: str
+) -> list[ChatMessage] | None:
+    variables = {"previous_summary": previous_summary, "conversation": conversation}
+    if "conversation" not in prompt.variables:
+        log.warning("langfuse prompt %s lacks {{conversation}}; using built-in", prompt.name)
+        return None
+    if isinstance(prompt, TextPromptClient):
+        return [{"role": "user", "content": prompt.compile(**variables)}]
+    if isinstance(prompt, ChatPromptClient):
+        messages: list[ChatMessage] = []
+        for msg in prompt.compile(**variables):
+            role, content = msg.get("role"), msg.get("content")
+            if not isinstance(role, str) or not isinstance(content, str):
+                return None  # an unresolved placeholder: not a prompt we can send
+            messages.append({"role": role, "content": content})
+        return messages or None
+    return None
+
+
+def _fetch_with_deadline(client: Langfuse, settings: Settings) -> PromptClient:
+    """`get_prompt` under a hard deadline.
+
+    The SDK serves from its per-key cache (stale entries are refreshed in the background), so
+    only a cold cache hits the network. Its HTTP layer retries 5xx/429 on its own (honouring
+    Retry-After up to 60 s) whatever `max_retries` says, so the call runs in a daemon thread
+    and we stop waiting after `langfuse_prompt_timeout_s`; a late answer still fills the cache.
+    """
+    timeout = settings.langfuse_prompt_timeout_s
+    # Annotated int, but handed to httpx as seconds: a float works.
+    fetch_timeout: Any = timeout
+    box: dict[str, Any] = {}
+
+    def fetch() -> None:
+        try:
+            box["prompt"] = client.get_prompt(
+                LANGFUSE_PROMPT_NAME,
+                cache_ttl_seconds=settings.langfuse_prompt_cache_ttl_s,
+                max_retries=0,
+                fetch_timeout_seconds=fetch_timeout,
+            )
+        except Exception as exc:
+            box["error"] = exc
+
+    worker = threading.Thread(target=fetch, name="langfuse-prompt-fetch", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        raise TimeoutError(f"no answer from Langfuse within {timeout}s")
+    if "error" in box:
+        raise box["error"]
+    prompt: PromptClient = box["prompt"]
+    return prompt
+
+
+def langfuse_prompt(
+    client: Langfuse | None,
+    settings: Settings,
+    previous_summary: str,
+    conversation: str,
+) -> ResolvedPrompt | None:
+    """The compiled Langfuse prompt, or None on any failure (the caller falls back)."""
+    if client is None:
+        return None
+    try:
+        prompt = _fetch_with_deadline(client, settings)
+        messages = _compile_langfuse(prompt, previous_summary, conversation)
+    except Exception as exc:  # 401, unreachable, timeout, 404, "not initialized", bad shape
+        log.warning("langfuse prompt %s unavailable, using built-in: %s", LANGFUSE_PROMPT_NAME, exc)
+        return None
+    if messages is None:
+        return None
+    return ResolvedPrompt(
+        messages=messages,
+        label=f"langfuse:{prompt.name}:v{prompt.version}",
+        langfuse_prompt=prompt,
+    )
+
+
+def openai_messages(messages: list[ChatMessage]) -> list[ChatCompletionMessageParam]:
+    out: list[ChatCompletionMessageParam] = []
+    for m in messages:
+        role, content = m["role"], m["content"]
+        if role == "system":
+            out.append(ChatCompletionSystemMessageParam(role="system", content=content))
+        elif role == "developer":
+            out.append(ChatCompletionDeveloperMessageParam(role="developer", content=content))
+        elif role == "assistant":
+            out.append(ChatCompletionAssistantMessageParam(role="assistant", content=content))
+        else:
+            out.append(ChatCompletionUserMessageParam(role="user", content=content))
+    return out

@@ -1,0 +1,399 @@
+"""ConversationSummarizer: fold old exchanges of a thread into its running summary.
+
+With an LLM configured, one chat-completions call per fold (prompt from Langfuse or built in,
+traced to Langfuse as a generation); the answer is validated before it may replace a summary.
+Without an LLM, a deterministic LLM-free fold keeps goals, filters/definitions and what was
+built. Every failure is a `SummarizationError`; retrying is the caller's (Celery's) job.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+import threading
+import unicodedata
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import openai
+from langfuse import Langfuse, LangfuseGeneration, propagate_attributes
+
+from memory_core.context import Exchange
+from memory_core.prompts import (
+    LANGFUSE_PROMPT_NAME,
+    ResolvedPrompt,
+    builtin_prompt,
+    langfuse_prompt,
+    make_langfuse_client,
+    openai_messages,
+)
+from memory_core.settings import Settings, get_settings
+from memory_core.tokens import count_tokens, truncate_to_tokens
+
+log = logging.getLogger(__name__)
+
+LLM_FREE_LABEL = "llm-free:v1"
+TEMPERATURE = 0.1
+_MAX_QUERY_CHARS = 2000
+_MAX_ANSWER_CHARS = 1500
+_MAX_ITEM_CHARS = 160
+_MAX_ITEMS = 25
+
+
+class SummarizationError(Exception):
+    """The summary could not be produced; the message says what failed."""
+
+
+@dataclass(frozen=True)
+class SummaryResult:
+    text: str
+    prompt: str  # "langfuse:conversation_summarizer:v3", "builtin:v1", "llm-free:v1"
+    model: str | None
+    input_tokens: int | None
+    output_tokens: int | None
+
+
+@functools.cache
+def _clip(text: str, limit: int) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 3].rstrip() + "..."
+
+
+def render_conversation(exchanges: Sequence[Exchange]) -> str:
+    """The transcript the LLM reads: User/Assistant lines plus artifact one-liners."""
+    blocks = []
+    for ex in exchanges:
+        lines = [f"User: {_clip(ex.user_query, _MAX_QUERY_CHARS)}"]
+        if ex.answer.strip():
+            lines.append(f"Assistant: {_clip(ex.answer, _MAX_ANSWER_CHARS)}")
+        lines.extend(f"  {a.one_line()}" for a in ex.artifacts)
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
+# ---------------------------------------------------------------- answer validation
+
+_REFUSAL = re.compile(
+    r"^(?:(?:an?\s+)?(?:error|exception)\b\s*(?:[:!\-]|occurred|$)|internal server error"
+    r"|i['\u2019]?m sorry|i am sorry|sorry,|i apologi[sz]e|i cannot|i can['\u2019]?t"
+    r"|i am unable|i['\u2019]?m unable|as an ai\b)",
+    re.IGNORECASE,
+)
+_PREAMBLE = re.compile(
+    r"^(?:here(?:'s| is) (?:the |an |your )?(?:updated |new )?summary[^\n:]*:|"
+    r"(?:updated )?summary:)\s*",
+    re.IGNORECASE,
+)
+
+
+def _is_garbage(text: str) -> bool:
+    visible = [c for c in text if not c.isspace()]
+    if not visible:
+        return True
+    letters = sum(c.isalpha() for c in visible)
+    controls = sum(unicodedata.category(c) in ("Cc", "Co", "Cs") or c == "\ufffd" for c in visible)
+    words = re.findall(r"[^\W\d_]{2,}", text)
+    return letters / len(visible) < 0.5 or controls > 0.02 * len(visible) or len(words) < 3
+
+
+def validate_summary(raw: str | None, max_tokens: int) -> str:
+    """The cleaned summary, or SummarizationError saying why it is unusable."""
+    text = (raw or "").strip()
+    if not text:
+        raise SummarizationError("LLM returned an empty summary")
+    text = _PREAMBLE.sub("", text, count=1).strip()
+    if not text:
+        raise SummarizationError("LLM returned an empty summary (preamble only)")
+    if _REFUSAL.match(text.lstrip("\"'*# ")):
+        raise SummarizationError(
+            f"LLM returned an error/refusal instead of a summary: {text[:80]!r}"
+        )
+    if _is_garbage(text):
+        raise SummarizationError(f"LLM returned garbage instead of a summary: {text[:80]!r}")
+    tokens = count_tokens(text)
+    if tokens > max_tokens:
+        raise SummarizationError(f"invalid summary: {tokens} tokens exceeds the bound {max_tokens}")
+    return text
+
+
+# ---------------------------------------------------------------- LLM-free fold
+
+_HEADERS = {
+    "goals": "Goals:",
+    "filters": "Filters and definitions:",
+    "built": "Built:",
+    "earlier": "Earlier context:",
+}
+_ORDER = ("earlier", "goals", "filters", "built")
+_SQL_STOP = re.compile(
+    r"\b(?:group\s+by|order\s+by|having|limit|union|window|qualify|offset|fetch)\b", re.I
+)
+_PHRASES = re.compile(
+    r"\b(?:define[sd]?\b[^.;?!\n]*?\bas\b[^.;?!\n]*|defined as\b[^.;?!\n]*"
+    r"|(?:excluding|exclude[sd]?|except|without|not including|ignoring|only|where"
+    r"|filter(?:ed)? (?:by|to|on)|limited to|restricted to)\b[^.;,?!\n]*)",
+    re.I,
+)
+_POLITE = re.compile(r"^(?:please|can you|could you|would you|now|ok(?:ay)?|and)\b[\s,]*", re.I)
+
+
+def _sql_filters(sql: str) -> list[str]:
+    flat = " ".join(sql.split())
+    out = []
+    for m in re.finditer(r"\bwhere\b", flat, re.I):
+        i, depth = m.end(), 0
+        while i < len(flat):
+            c = flat[i]
+            if c == "(":
+                depth += 1
+            elif c == ")":
+                if depth == 0:
+                    break
+                depth -= 1
+            elif depth == 0 and (c == ";" or _SQL_STOP.match(flat, i)):
+                break
+            i += 1
+        clause = flat[m.end() : i].strip()
+        if clause:
+            out.append(_clip(f"WHERE {clause}", _MAX_ITEM_CHARS))
+    return out
+
+
+def _goal(query: str) -> str:
+    text = " ".join(query.split())
+    while (stripped := _POLITE.sub("", text)) != text:
+        text = stripped
+    text = text[:1].upper() + text[1:]
+    return _clip(text, _MAX_ITEM_CHARS)
+
+
+def _parse_summary(summary: str | None) -> dict[str, list[str]]:
+    sections: dict[str, list[str]] = {key: [] for key in _ORDER}
+    by_header = {h.lower(): k for k, h in _HEADERS.items()}
+    current: str | None = None
+    for raw in (summary or "").splitlines():
+        line = raw.strip()
+        if not line:
+            continue
+        if line.lower() in by_header:
+            current = by_header[line.lower()]
+        elif current is not None and line.startswith("- "):
+            sections[current].append(line[2:].strip())
+        else:  # free text (e.g. an earlier LLM summary): kept, dropped first when short
+            current = None
+            sections["earlier"].append(_clip(line.removeprefix("- "), 2 * _MAX_ITEM_CHARS))
+    return sections
+
+
+def _merge(items: list[str]) -> list[str]:
+    """Dedupe case-insensitively keeping the latest occurrence (oldest first order)."""
+    seen: set[str] = set()
+    out: list[str] = []
+    for item in reversed(items):
+        key = " ".join(item.casefold().split())
+        if key and key not in seen:
+            seen.add(key)
+            out.append(item)
+    return out[::-1][-_MAX_ITEMS:]
+
+
+def _render(sections: dict[str, list[str]]) -> str:
+    parts = [
+        "\n".join([_HEADERS[k], *(f"- {i}" for i in sections[k])]) for k in _ORDER if sections[k]
+    ]
+    return "\n\n".join(parts)
+
+
+def llm_free_fold(
+    previous_summary: str | None, exchanges: Sequence[Exchange], max_tokens: int
+) -> str:
+    """Deterministic fold: goals, filters/definitions and what was built, within max_tokens."""
+    sections = _parse_summary(previous_summary)
+    for ex in exchanges:
+        if ex.user_query.strip():
+            sections["goals"].append(_goal(ex.user_query))
+        sections["filters"].extend(
+            _clip(m.group(0), _MAX_ITEM_CHARS) for m in _PHRASES.finditer(ex.user_query)
+        )
+        for art in ex.artifacts:
+            if art.kind == "sql":
+                sections["filters"].extend(_sql_filters(art.sql))
+            sections["built"].append(art.one_line())
+    sections = {k: _merge(v) for k, v in sections.items()}
+    # Over the bound: drop the oldest entries, goals first; keep the newest few of each
+    # section as long as possible.
+    passes = [("earlier", 0), ("goals", 3), ("built", 3), ("filters", 3)]
+    passes += [("goals", 0), ("built", 0), ("filters", 0)]
+    text = _render(sections)
+    for key, keep in passes:
+        while count_tokens(text) > max_tokens and len(sections[key]) > keep:
+            sections[key].pop(0)
+            text = _render(sections)
+    if count_tokens(text) > max_tokens:  # only with absurdly small bounds
+        text = truncate_to_tokens(text, max_tokens).strip()
+    return text
+
+
+# ---------------------------------------------------------------- the summarizer
+
+
+def _flush_quietly(client: Langfuse) -> None:
+    try:
+        client.flush()
+    except Exception as exc:
+        log.warning("langfuse flush failed: %s", exc)
+
+
+class ConversationSummarizer:
+    """Summarizes a thread's folded exchanges; one instance may serve many threads."""
+
+    def __init__(self, settings: Settings | None = None) -> None:
+        self.settings = settings or get_settings()
+        self._openai: openai.OpenAI | None = None
+        self._langfuse: Langfuse | None = None
+        self._langfuse_ready = False
+        self._lock = threading.Lock()
+
+    # Clients are built lazily: an LLM-free deployment never touches openai or Langfuse.
+    def _llm(self) -> openai.OpenAI:
+        with self._lock:
+            if self._openai is None:
+                s = self.settings
+                self._openai = openai.OpenAI(
+                    base_url=s.openai_base_url or None,
+                    # OpenAI-compatible servers without auth still need a non-empty key.
+                    api_key=s.openai_api_key or "unused",
+                    timeout=s.memory_llm_timeout_s,
+                    max_retries=0,  # Celery owns retries
+                )
+            return self._openai
+
+    def _lf(self) -> Langfuse | None:
+        with self._lock:
+            if not self._langfuse_ready:
+                self._langfuse = make_langfuse_client(self.settings)
+                self._langfuse_ready = True
+            return self._langfuse
+
+    def summarize(
+        self, *, thread_id: str, previous_summary: str | None, exchanges: Sequence[Exchange]
+    ) -> SummaryResult:
+        if not exchanges:
+            raise ValueError("summarize() needs at least one exchange")
+        s = self.settings
+        if not s.llm_configured:
+            text = llm_free_fold(previous_summary, exchanges, s.memory_summary_max_tokens)
+            return SummaryResult(text, LLM_FREE_LABEL, None, None, None)
+
+        previous = (previous_summary or "").strip() or "(none yet)"
+        conversation = render_conversation(exchanges)
+        lf = self._lf()
+        resolved = langfuse_prompt(lf, s, previous, conversation) or builtin_prompt(
+            previous, conversation, s.memory_summary_max_tokens
+        )
+        generation = self._start_generation(lf, thread_id, resolved, len(exchanges))
+        try:
+            result = self._call_llm(resolved)
+        except SummarizationError as exc:
+            self._end_generation(lf, generation, error=str(exc))
+            raise
+        self._end_generation(lf, generation, result=result)
+        return result
+
+    def _call_llm(self, resolved: ResolvedPrompt) -> SummaryResult:
+        s = self.settings
+        try:
+            completion = self._llm().chat.completions.create(
+                model=s.memory_summarizer_model,
+                messages=openai_messages(resolved.messages),
+                temperature=TEMPERATURE,
+                max_tokens=s.memory_summary_max_tokens,
+            )
+        except openai.APITimeoutError as exc:
+            raise SummarizationError(f"LLM timeout after {s.memory_llm_timeout_s}s") from exc
+        except openai.APIStatusError as exc:
+            raise SummarizationError(f"LLM HTTP {exc.status_code}: {exc.message}") from exc
+        except openai.APIConnectionError as exc:
+            raise SummarizationError(f"LLM unreachable: {exc}") from exc
+        except Exception as exc:  # malformed responses, client errors
+            raise SummarizationError(f"LLM call failed: {type(exc).__name__}: {exc}") from exc
+        choice = completion.choices[0] if completion.choices else None
+        if choice is None:
+            raise SummarizationError("LLM returned no choices")
+        if choice.finish_reason == "length":
+            raise SummarizationError("invalid summary: LLM answer truncated at the token bound")
+        text = validate_summary(choice.message.content, s.memory_summary_max_tokens)
+        usage = completion.usage
+        return SummaryResult(
+            text=text,
+            prompt=resolved.label,
+            model=completion.model or s.memory_summarizer_model,
+            input_tokens=usage.prompt_tokens if usage else None,
+            output_tokens=usage.completion_tokens if usage else None,
+        )
+
+    # ------------------------------------------------------------ tracing (never fatal)
+
+    def _start_generation(
+        self, lf: Langfuse | None, thread_id: str, resolved: ResolvedPrompt, n: int
+    ) -> LangfuseGeneration | None:
+        if lf is None:
+            return None
+        s = self.settings
+        try:
+            with propagate_attributes(session_id=thread_id, trace_name=LANGFUSE_PROMPT_NAME):
+                return lf.start_observation(
+                    as_type="generation",
+                    name=LANGFUSE_PROMPT_NAME,
+                    model=s.memory_summarizer_model,
+                    model_parameters={
+                        "temperature": TEMPERATURE,
+                        "max_tokens": s.memory_summary_max_tokens,
+                    },
+                    input=resolved.messages,
+                    metadata={"thread_id": thread_id, "prompt": resolved.label, "exchanges": n},
+                    prompt=resolved.langfuse_prompt,
+                )
+        except Exception as exc:
+            log.warning("langfuse generation start failed: %s", exc)
+            return None
+
+    def _end_generation(
+        self,
+        lf: Langfuse | None,
+        generation: LangfuseGeneration | None,
+        *,
+        result: SummaryResult | None = None,
+        error: str | None = None,
+    ) -> None:
+        if lf is None or generation is None:
+            return
+        try:
+            update: dict[str, Any] = {}
+            if result is not None:
+                update["output"] = result.text
+                update["model"] = result.model
+                if result.input_tokens is not None and result.output_tokens is not None:
+                    update["usage_details"] = {
+                        "input": result.input_tokens,
+                        "output": result.output_tokens,
+                        "total": result.input_tokens + result.output_tokens,
+                    }
+            if error is not None:
+                update.update(level="ERROR", status_message=error)
+            generation.update(**update)
+            generation.end()
+        except Exception as exc:
+            log.warning("langfuse generation end failed: %s", exc)
+        self.flush(self.settings.langfuse_prompt_timeout_s)
+
+    def flush(self, timeout_s: float = 5.0) -> None:
+        """Export pending traces, waiting at most timeout_s (the export continues after)."""
+        lf = self._langfuse
+        if lf is None:
+            return
+        worker = threading.Thread(target=_flush_quietly, args=(lf,), daemon=True)
+        worker.start()
+        worker.join(timeout_s)

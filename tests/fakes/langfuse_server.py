@@ -1,0 +1,257 @@
+"""A fake Langfuse server for tests, speaking what the langfuse 5 SDK sends.
+
+- `GET /api/public/v2/prompts/{name}` (the SDK's `get_prompt`), modes via `server.mode`:
+  "served" (a text or chat prompt, `prompt_type`, with version `version` and the variables
+  `{{previous_summary}}` / `{{conversation}}`), "401", "404", "500".
+- `POST /api/public/otel/v1/traces`: OTLP/HTTP protobuf (gzip or not), decoded into
+  `server.spans` (name, attributes, scope) so tests can find the generations.
+- `POST /api/public/ingestion`: legacy JSON batches, recorded in `server.ingestion`.
+
+Also here: `HangingServer` (accepts TCP connections, never answers) and `closed_port()`.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import socket
+import threading
+import time
+import zlib
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+
+MODES = ("served", "401", "404", "500")
+
+TEXT_TEMPLATE = (
+    "LANGFUSE PROMPT. Update the running summary of this analytics conversation.\n"
+    "Previous summary:\n{{previous_summary}}\n\nNew turns:\n{{conversation}}\n"
+)
+CHAT_TEMPLATE = [
+    {"role": "system", "content": "LANGFUSE PROMPT. You keep analytics conversation memory."},
+    {
+        "role": "user",
+        "content": "Previous summary:\n{{previous_summary}}\n\nNew turns:\n{{conversation}}",
+    },
+]
+
+
+def _any_value(v: AnyValue) -> Any:
+    kind = v.WhichOneof("value")
+    if kind == "array_value":
+        return [_any_value(x) for x in v.array_value.values]
+    if kind == "kvlist_value":
+        return {kv.key: _any_value(kv.value) for kv in v.kvlist_value.values}
+    return getattr(v, kind) if kind else None
+
+
+def decode_otlp(body: bytes, encoding: str | None) -> list[dict[str, Any]]:
+    if encoding == "gzip":
+        body = gzip.decompress(body)
+    elif encoding == "deflate":
+        body = zlib.decompress(body)
+    request = ExportTraceServiceRequest()
+    request.ParseFromString(body)
+    spans = []
+    for resource_spans in request.resource_spans:
+        for scope_spans in resource_spans.scope_spans:
+            scope = {kv.key: _any_value(kv.value) for kv in scope_spans.scope.attributes}
+            for span in scope_spans.spans:
+                spans.append(
+                    {
+                        "name": span.name,
+                        "trace_id": span.trace_id.hex(),
+                        "span_id": span.span_id.hex(),
+                        "scope": scope_spans.scope.name,
+                        "scope_attributes": scope,
+                        "attributes": {kv.key: _any_value(kv.value) for kv in span.attributes},
+                    }
+                )
+    return spans
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def _send(self, status: int, data: bytes, ctype: str = "application/json") -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _json(self, status: int, payload: Any) -> None:
+        self._send(status, json.dumps(payload).encode())
+
+    def do_GET(self) -> None:
+        owner = self.server.owner
+        path = urlsplit(self.path).path
+        prefix = "/api/public/v2/prompts/"
+        if not path.startswith(prefix):
+            self._json(404, {"message": f"no route {path}"})
+            return
+        name = unquote(path[len(prefix) :])
+        with owner.lock:
+            owner.prompt_requests.append(
+                {"path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()}}
+            )
+            mode = owner.mode
+        if mode == "401":
+            self._json(
+                401,
+                {
+                    "message": "Invalid credentials. Confirm that you've configured "
+                    "the correct host."
+                },
+            )
+        elif mode == "404" or name not in owner.prompt_names:
+            self._json(404, {"error": "LangfuseNotFoundError", "message": "Prompt not found"})
+        elif mode == "500":
+            self._json(500, {"message": "Internal Server Error"})
+        else:
+            self._json(200, owner.prompt_payload(name))
+
+    def do_POST(self) -> None:
+        owner = self.server.owner
+        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        path = urlsplit(self.path).path
+        if path == "/api/public/otel/v1/traces":
+            spans = decode_otlp(raw, self.headers.get("Content-Encoding"))
+            with owner.lock:
+                owner.spans.extend(spans)
+                owner.otel_headers.append({k.lower(): v for k, v in self.headers.items()})
+            self._send(
+                200, ExportTraceServiceResponse().SerializeToString(), "application/x-protobuf"
+            )
+        elif path == "/api/public/ingestion":
+            with owner.lock:
+                owner.ingestion.append(json.loads(raw or b"{}"))
+            self._json(207, {"successes": [], "errors": []})
+        else:
+            self._json(404, {"message": f"no route {path}"})
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False
+    owner: FakeLangfuseServer
+
+
+class FakeLangfuseServer:
+    """Threaded fake Langfuse API on 127.0.0.1, random port."""
+
+    def __init__(
+        self,
+        mode: str = "served",
+        prompt_type: str = "text",
+        version: int = 3,
+        prompt_names: tuple[str, ...] = ("conversation_summarizer",),
+    ) -> None:
+        self.mode = mode
+        self.prompt_type = prompt_type
+        self.version = version
+        self.prompt_names = prompt_names
+        self.prompt_requests: list[dict[str, Any]] = []
+        self.spans: list[dict[str, Any]] = []
+        self.otel_headers: list[dict[str, str]] = []
+        self.ingestion: list[Any] = []
+        self.lock = threading.Lock()
+        self._httpd = _Server(("127.0.0.1", 0), _Handler)
+        self._httpd.owner = self
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self._httpd.server_address[1]}"
+
+    def set_mode(self, mode: str) -> None:
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r}; one of {MODES}")
+        with self.lock:
+            self.mode = mode
+
+    def prompt_payload(self, name: str) -> dict[str, Any]:
+        prompt: Any = TEXT_TEMPLATE if self.prompt_type == "text" else CHAT_TEMPLATE
+        return {
+            "type": self.prompt_type,
+            "name": name,
+            "version": self.version,
+            "prompt": prompt,
+            "config": {},
+            "labels": ["production", "latest"],
+            "tags": [],
+            "commitMessage": None,
+        }
+
+    def generations(self) -> list[dict[str, Any]]:
+        with self.lock:
+            return [
+                s
+                for s in self.spans
+                if s["attributes"].get("langfuse.observation.type") == "generation"
+            ]
+
+    def wait_for(self, predicate: Callable[[], bool], timeout_s: float = 15.0) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if predicate():
+                return True
+            time.sleep(0.05)
+        return predicate()
+
+    def start(self) -> FakeLangfuseServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+    def __enter__(self) -> FakeLangfuseServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class HangingServer:
+    """Accepts TCP connections (the kernel backlog does) and never answers a byte."""
+
+    def __init__(self) -> None:
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(128)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def __enter__(self) -> HangingServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def closed_port() -> int:
+    """A local port nobody listens on (connection refused)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -1,0 +1,191 @@
+"""A fake OpenAI-compatible chat-completions server for tests.
+
+Speaks the real wire protocol (`POST /v1/chat/completions`, also `/chat/completions`) so the
+real `openai` client is exercised. Modes, switchable at runtime via `server.mode`:
+
+- "ok": a deterministic summary built from the request (the "User:" lines it saw), with usage
+- "500": HTTP 500 with an OpenAI-style error body
+- "timeout": holds the request for `delay_s` seconds (set it above the client timeout)
+- "empty": a 200 answer whose content is ""
+- "garbage": a 200 answer whose content is mostly non-text
+- "refusal": a 200 answer "I'm sorry, but I cannot help with that."
+- "long": a 200 answer of `long_words` words (to exceed a token bound)
+
+Every request body is recorded in `server.requests` (parsed JSON).
+
+    with FakeLLMServer() as llm:
+        settings = Settings(openai_base_url=llm.base_url, openai_api_key="sk-test")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+MODES = ("ok", "500", "timeout", "empty", "garbage", "refusal", "long")
+
+
+def _message_texts(body: dict[str, Any]) -> list[str]:
+    texts = []
+    for msg in body.get("messages") or []:
+        content = msg.get("content")
+        if isinstance(content, str):
+            texts.append(content)
+        elif isinstance(content, list):  # content parts
+            texts.extend(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return texts
+
+
+def deterministic_summary(body: dict[str, Any]) -> str:
+    """What "ok" answers: the user queries of the conversation, in order."""
+    queries = []
+    for text in _message_texts(body):
+        for line in text.splitlines():
+            if line.startswith("User: "):
+                queries.append(line[len("User: ") :].strip())
+    asked = "; ".join(queries) if queries else "nothing new"
+    return f"Running summary of the analysis. The user asked: {asked}."
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # keep test output quiet
+        pass
+
+    def _send_json(self, status: int, payload: dict[str, Any]) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length)
+        if self.path.split("?")[0] not in ("/v1/chat/completions", "/chat/completions"):
+            self._send_json(404, {"error": {"message": f"no route {self.path}", "type": "nf"}})
+            return
+        try:
+            body = json.loads(raw or b"{}")
+        except ValueError:
+            self._send_json(400, {"error": {"message": "bad json", "type": "invalid_request"}})
+            return
+        owner = self.server.owner
+        with owner.lock:
+            owner.requests.append(body)
+            owner.headers.append({k.lower(): v for k, v in self.headers.items()})
+            mode = owner.mode
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            self._answer(owner, mode, body)  # (in timeout mode the client may be gone)
+
+    def _answer(self, owner: FakeLLMServer, mode: str, body: dict[str, Any]) -> None:
+        if mode == "500":
+            self._send_json(
+                500, {"error": {"message": "fake upstream failure", "type": "server_error"}}
+            )
+            return
+        if mode == "timeout":
+            owner.stopping.wait(owner.delay_s)
+        content = {
+            "ok": deterministic_summary(body),
+            "timeout": deterministic_summary(body),
+            "empty": "",
+            "garbage": "\x00\x01 ### 0101 $$%%^^ ~~~ \ufffd\ufffd 42 ::: ### 9999 \x02",
+            "refusal": "I'm sorry, but I cannot help with that.",
+            "long": " ".join(f"summary{i % 50}" for i in range(owner.long_words)),
+        }.get(mode, "")
+        prompt_tokens = sum(len(t.split()) for t in _message_texts(body))
+        completion_tokens = len(content.split())
+        self._send_json(
+            200,
+            {
+                "id": f"chatcmpl-fake-{len(owner.requests)}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": body.get("model", "fake-model"),
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": content},
+                        "finish_reason": "stop",
+                        "logprobs": None,
+                    }
+                ],
+                "usage": {
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": completion_tokens,
+                    "total_tokens": prompt_tokens + completion_tokens,
+                },
+            },
+        )
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False
+    owner: FakeLLMServer
+
+
+class FakeLLMServer:
+    """Threaded fake chat-completions server on 127.0.0.1, random port."""
+
+    def __init__(self, mode: str = "ok", delay_s: float = 5.0, long_words: int = 4000) -> None:
+        self.mode = mode
+        self.delay_s = delay_s
+        self.long_words = long_words
+        self.requests: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self._httpd = _Server(("127.0.0.1", 0), _Handler)
+        self._httpd.owner = self
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+
+    @property
+    def port(self) -> int:
+        return int(self._httpd.server_address[1])
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def set_mode(self, mode: str) -> None:
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r}; one of {MODES}")
+        with self.lock:
+            self.mode = mode
+
+    @property
+    def calls(self) -> int:
+        with self.lock:
+            return len(self.requests)
+
+    def prompt_text(self, index: int = -1) -> str:
+        """All message contents of one recorded request, joined."""
+        with self.lock:
+            body = self.requests[index]
+        return "\n".join(_message_texts(body))
+
+    def start(self) -> FakeLLMServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+    def __enter__(self) -> FakeLLMServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
