@@ -1,0 +1,306 @@
+"""Folding in-process against the fake LLM: arithmetic, CAS, leases, coverage, backoff."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from sqlalchemy import select, update
+
+from memory_core import RedisConversationMemory, save_session_to_thread_safe
+from memory_core.context import Exchange
+from memory_core.db import session_scope
+from memory_core.folding import ARTIFACT_TAIL_MARKER, Folder, backoff_delay
+from memory_core.models import ConversationThread
+from memory_core.settings import Settings
+from memory_core.summarizer import ConversationSummarizer
+from tests.conftest import make_snapshot
+from tests.fakes.llm_server import FakeLLMServer
+
+
+@pytest.fixture
+def llm() -> Iterator[FakeLLMServer]:
+    with FakeLLMServer(delay_s=3.0) as server:
+        yield server
+
+
+def _settings(llm: FakeLLMServer | None, **extra: Any) -> Settings:
+    values: dict[str, Any] = {
+        "langfuse_public_key": None,
+        "langfuse_secret_key": None,
+        "memory_llm_timeout_s": 1.0,
+    }
+    if llm is not None:
+        values |= {"openai_base_url": llm.base_url, "openai_api_key": "sk-test"}
+    else:
+        values |= {"openai_base_url": None, "openai_api_key": None}
+    return Settings(_env_file=None, **values | extra)  # type: ignore[call-arg]
+
+
+def _memory(redis_client: Any, settings: Settings) -> RedisConversationMemory:
+    return RedisConversationMemory(redis_client, settings=settings)
+
+
+def _thread_row(tid: uuid.UUID) -> ConversationThread:
+    with session_scope() as s:
+        return s.scalars(select(ConversationThread).where(ConversationThread.id == tid)).one()
+
+
+def _play(
+    memory: RedisConversationMemory,
+    folder: Folder,
+    tid: uuid.UUID,
+    turns: range,
+    log: list[tuple[int, int]] | None = None,
+) -> None:
+    """Save turns in order, running a fold whenever finalize requested one (as a worker would)."""
+    for n in turns:
+        out = save_session_to_thread_safe(make_snapshot(tid, n), memory=memory)
+        assert out.status == "saved", out.reason
+        if out.fold_published:
+            result = folder.fold(tid)
+            if log is not None and result.status == "folded":
+                log.append((n, result.through_seq or 0))
+
+
+def test_fold_arithmetic_first_at_21_then_every_11(redis_client, llm: FakeLLMServer) -> None:  # type: ignore[no-untyped-def]
+    s = _settings(llm)
+    memory = _memory(redis_client, s)
+    folder = Folder(memory, ConversationSummarizer(s))
+    tid = uuid.uuid4()
+    folds: list[tuple[int, int]] = []
+    _play(memory, folder, tid, range(1, 101), folds)
+    assert folds == [(21, 11), (32, 22), (43, 33), (54, 44), (65, 55), (76, 66), (87, 77), (98, 88)]
+    assert llm.calls == 8
+    ctx = memory.get_context(tid, "user-42")
+    assert ctx.summary_through_seq == 88 and [e.seq for e in ctx.recent] == list(range(89, 101))
+    row = _thread_row(tid)
+    assert row.summary_prompt == "builtin:v1" and row.fold_attempts == 0 and row.fold_due_at is None
+
+
+def test_running_summary_is_carried_into_next_prompt_with_artifact_tail(
+    redis_client, llm: FakeLLMServer
+) -> None:  # type: ignore[no-untyped-def]
+    s = _settings(llm)
+    memory = _memory(redis_client, s)
+    folder = Folder(memory, ConversationSummarizer(s))
+    tid = uuid.uuid4()
+    _play(memory, folder, tid, range(1, 33))
+    assert llm.calls == 2
+    first_summary, second_prompt = llm.requests[0], llm.prompt_text(1)
+    assert "turn 11" in llm.prompt_text(0) and "turn 12" not in llm.prompt_text(0)
+    # The LLM part of the first summary is handed to the second call; the code-appended
+    # artifact tail is not (it is re-derived from the newly folded turns).
+    assert "The user asked: Revenue by region for 2001" in second_prompt
+    assert ARTIFACT_TAIL_MARKER.strip() not in second_prompt
+    assert first_summary
+    summary = memory.get_context(tid, "user-42").summary or ""
+    tail = summary.split(ARTIFACT_TAIL_MARKER, 1)[1]
+    assert "[#20] SQL:\nSELECT region, SUM(revenue) AS revenue FROM sales WHERE year = 2020" in tail
+    assert '[#22] Visualization #122 "Revenue by region 22" (chart/column)' in tail
+    assert "[#19]" not in tail
+
+
+def test_fold_is_noop_under_threshold_and_when_repeated(redis_client, llm: FakeLLMServer) -> None:  # type: ignore[no-untyped-def]
+    s = _settings(llm)
+    memory = _memory(redis_client, s)
+    folder = Folder(memory, ConversationSummarizer(s))
+    tid = uuid.uuid4()
+    _play(memory, folder, tid, range(1, 21))
+    assert folder.fold(tid).status == "noop" and llm.calls == 0
+    _play(memory, folder, tid, range(21, 22))
+    assert [folder.fold(tid).status for _ in range(3)] == ["noop"] * 3
+    assert llm.calls == 1
+    assert folder.fold(uuid.uuid4()).status == "missing"
+
+
+def test_concurrent_folds_one_wins_other_is_noop(redis_client, llm: FakeLLMServer) -> None:  # type: ignore[no-untyped-def]
+    s = _settings(llm)
+    memory = _memory(redis_client, s)
+    folder = Folder(memory, ConversationSummarizer(s))
+    tid = uuid.uuid4()
+    for n in range(1, 22):
+        save_session_to_thread_safe(make_snapshot(tid, n), memory=memory)
+    llm.delay_s = 0.5
+    llm.set_mode("timeout")  # holds each request 0.5 s (< the 1 s client timeout): a slow LLM
+    barrier = threading.Barrier(4)
+    results: list[str] = []
+
+    def run() -> None:
+        barrier.wait()
+        results.append(folder.fold(tid).status)
+
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == ["busy", "busy", "busy", "folded"]
+    assert llm.calls == 1 and _thread_row(tid).summary_through_seq == 11
+
+
+class _Hooked:
+    """A summarizer that runs `hook` while 'the LLM' is working, then delegates."""
+
+    def __init__(self, inner: ConversationSummarizer, hook: Any) -> None:
+        self.inner, self.hook, self.calls = inner, hook, 0
+
+    def summarize(
+        self, *, thread_id: str, previous_summary: str | None, exchanges: list[Exchange]
+    ) -> Any:
+        self.calls += 1
+        if self.calls == 1:
+            self.hook()
+        return self.inner.summarize(
+            thread_id=thread_id, previous_summary=previous_summary, exchanges=exchanges
+        )
+
+
+def test_late_fold_after_lease_expiry_loses_compare_and_set(redis_client, llm) -> None:  # type: ignore[no-untyped-def]
+    s = _settings(llm)
+    memory = _memory(redis_client, s)
+    tid = uuid.uuid4()
+    for n in range(1, 22):
+        save_session_to_thread_safe(make_snapshot(tid, n), memory=memory)
+    plain = Folder(memory, ConversationSummarizer(s))
+
+    def expire_lease_and_fold_elsewhere() -> None:
+        with session_scope() as sess:
+            sess.execute(
+                update(ConversationThread)
+                .where(ConversationThread.id == tid)
+                .values(fold_lease_until=datetime(2000, 1, 1, tzinfo=UTC))
+            )
+        assert plain.fold(tid).status == "folded"
+
+    late = Folder(memory, _Hooked(ConversationSummarizer(s), expire_lease_and_fold_elsewhere))
+    assert late.fold(tid).status == "lost"
+    row = _thread_row(tid)
+    assert row.summary_through_seq == 11 and llm.calls == 2
+    assert row.fold_lease_token is None
+
+
+def test_turns_arriving_during_a_fold_stay_unfolded(redis_client, llm) -> None:  # type: ignore[no-untyped-def]
+    s = _settings(llm)
+    memory = _memory(redis_client, s)
+    tid = uuid.uuid4()
+    for n in range(1, 22):
+        save_session_to_thread_safe(make_snapshot(tid, n), memory=memory)
+
+    def new_turns() -> None:
+        for n in range(22, 27):
+            assert save_session_to_thread_safe(make_snapshot(tid, n), memory=memory).ok
+
+    folder = Folder(memory, _Hooked(ConversationSummarizer(s), new_turns))
+    assert folder.fold(tid).through_seq == 11
+    ctx = memory.get_context(tid, "user-42")
+    assert ctx.summary_through_seq == 11 and [e.seq for e in ctx.recent] == list(range(12, 27))
+    memory.invalidate(tid)
+    assert memory.get_context(tid, "user-42") == ctx
+
+
+@pytest.mark.parametrize("mode", ["500", "timeout", "empty", "garbage"])
+def test_llm_failure_modes_count_as_failed_attempts(redis_client, llm, mode: str) -> None:  # type: ignore[no-untyped-def]
+    s = _settings(llm)
+    memory = _memory(redis_client, s)
+    folder = Folder(memory, ConversationSummarizer(s))
+    tid = uuid.uuid4()
+    for n in range(1, 22):
+        save_session_to_thread_safe(make_snapshot(tid, n), memory=memory)
+    llm.set_mode(mode)
+    out = folder.fold(tid)
+    assert (out.status, out.attempt, out.retry_in_s) == ("failed", 1, 60)
+    assert out.error and out.session_id == str(
+        memory.get_context(tid, "user-42").recent[10].session_id
+    )
+    row = _thread_row(tid)
+    assert row.summary is None and row.summary_through_seq == 0 and row.fold_attempts == 1
+    assert row.last_fold_error and row.fold_lease_token is None
+
+
+def test_backoff_sequence_is_persisted_and_capped(redis_client, llm) -> None:  # type: ignore[no-untyped-def]
+    assert [backoff_delay(n) for n in range(1, 10)] == [
+        60,
+        120,
+        240,
+        480,
+        960,
+        1920,
+        3600,
+        3600,
+        3600,
+    ]
+    s = _settings(llm)
+    memory = _memory(redis_client, s)
+    folder = Folder(memory, ConversationSummarizer(s))
+    tid = uuid.uuid4()
+    for n in range(1, 22):
+        save_session_to_thread_safe(make_snapshot(tid, n), memory=memory)
+    llm.set_mode("500")
+    delays = []
+    for attempt in range(1, 9):
+        out = folder.fold(tid)
+        assert out.attempt == attempt
+        delays.append(out.retry_in_s)
+        row = _thread_row(tid)
+        due_in = (row.fold_due_at - datetime.now(UTC)).total_seconds()  # type: ignore[operator]
+        assert out.retry_in_s - 30 < due_in <= out.retry_in_s  # type: ignore[operator]
+    assert delays == [60, 120, 240, 480, 960, 1920, 3600, 3600]
+    llm.set_mode("ok")
+    assert folder.fold(tid).status == "folded"
+    row = _thread_row(tid)
+    assert (row.fold_attempts, row.fold_due_at, row.last_fold_error) == (0, None, None)
+
+
+def test_llm_down_for_50_turns_then_recovers_with_full_coverage(redis_client, llm) -> None:  # type: ignore[no-untyped-def]
+    s = _settings(llm)
+    memory = _memory(redis_client, s)
+    folder = Folder(memory, ConversationSummarizer(s))
+    tid = uuid.uuid4()
+    _play(memory, folder, tid, range(1, 22))  # first fold ok: through 11
+    llm.set_mode("500")
+    for n in range(22, 72):  # 50 turns while every fold attempt fails
+        save_session_to_thread_safe(make_snapshot(tid, n), memory=memory)
+        if n % 5 == 0 and n > 31:  # over the threshold again from turn 32
+            assert folder.fold(tid).status == "failed"
+        ctx = memory.get_context(tid, "user-42")
+        # Coverage: summary through 11, every later turn verbatim, up to the cap of 40.
+        assert ctx.summary_through_seq == 11
+        assert [e.seq for e in ctx.recent] == list(range(max(12, n - 39), n + 1))
+    ok_before = llm.calls
+    llm.set_mode("ok")
+    statuses = []
+    while (out := folder.fold(tid)).status == "folded":
+        statuses.append(out.through_seq)
+        if not out.more_pending:
+            break
+    # A 60-turn backlog (12..71): one bounded prompt of 40 turns (12..51, including the turns
+    # the capped working copy had dropped) leaves 20 unfolded: not over the threshold.
+    assert statuses == [51]
+    folded_prompts = "\n".join(llm.prompt_text(i) for i in range(ok_before, llm.calls))
+    for n in range(12, 52):
+        assert f"(turn {n})" in folded_prompts, f"turn {n} never reached the summarizer"
+    ctx = memory.get_context(tid, "user-42")
+    assert ctx.summary_through_seq == 51 and [e.seq for e in ctx.recent] == list(range(52, 72))
+    # One more turn takes it over the threshold again: the normal cadence resumes.
+    _play(memory, folder, tid, range(72, 73))
+    assert memory.get_context(tid, "user-42").summary_through_seq == 62
+
+
+def test_without_llm_the_fold_is_llm_free_and_deterministic(redis_client) -> None:  # type: ignore[no-untyped-def]
+    s = _settings(None)
+    memory = _memory(redis_client, s)
+    folder = Folder(memory, ConversationSummarizer(s))
+    summaries = []
+    for _ in range(2):
+        tid = uuid.uuid4()
+        _play(memory, folder, tid, range(1, 22))
+        row = _thread_row(tid)
+        assert row.summary_prompt == "llm-free:v1" and row.summary_through_seq == 11
+        summaries.append(row.summary)
+    assert summaries[0] == summaries[1]
+    assert "excluding returns" in (summaries[0] or "").lower()

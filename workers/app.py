@@ -1,0 +1,76 @@
+"""The Celery app: the one module that owns worker configuration (`celery -A workers.app worker`).
+
+Reliability settings and why:
+* acks_late + reject_on_worker_lost: a job is acked only after it ran; a worker child killed
+  mid-job gets its job redelivered (finalize and fold are idempotent, so that is safe).
+* visibility_timeout: with the Redis broker an unacked message (including a retry waiting for
+  its countdown inside a worker) is redelivered after this long. It must exceed the longest
+  retry countdown (3600 s) plus the fold time limit, else a waiting retry would be duplicated.
+  The price: jobs held by a worker host that dies hard wait this long before redelivery
+  (docs/OPERATIONS.md). Set in both transport-option dicts, as kombu reads each separately.
+* soft shutdown: on SIGTERM the worker finishes or hands back (requeues) what it holds within
+  `worker_soft_shutdown_timeout`, including ETA retries it is only waiting on.
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+from kombu import Queue
+
+from memory_core.fold_publisher import FINALIZE_QUEUE, FINALIZE_TASK, FOLD_QUEUE, FOLD_TASK
+from memory_core.settings import get_settings
+from workers.logging import configure_logging
+
+FINALIZE_SOFT_LIMIT_S = 30
+FINALIZE_HARD_LIMIT_S = 60
+
+
+def fold_limits() -> tuple[int, int]:
+    """Soft/hard time limits of a fold: room for one LLM call (timeout) and the writes."""
+    soft = int(get_settings().memory_llm_timeout_s) + 60
+    return soft, soft + 30
+
+
+def visibility_timeout_s() -> int:
+    s = get_settings()
+    if s.memory_visibility_timeout_s is not None:
+        return s.memory_visibility_timeout_s
+    return 3600 + fold_limits()[1] + 300
+
+
+def make_app() -> Celery:
+    s = get_settings()
+    transport = {
+        "visibility_timeout": visibility_timeout_s(),
+        "socket_connect_timeout": 5,
+        "socket_timeout": 30,
+        "health_check_interval": 30,
+    }
+    app = Celery("agent_memory", broker=s.celery_broker_url, include=["workers.tasks"])
+    app.conf.update(
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        task_ignore_result=True,
+        result_backend=None,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_queues=[Queue(FINALIZE_QUEUE), Queue(FOLD_QUEUE)],
+        task_default_queue=FINALIZE_QUEUE,
+        task_routes={FINALIZE_TASK: {"queue": FINALIZE_QUEUE}, FOLD_TASK: {"queue": FOLD_QUEUE}},
+        broker_transport_options=transport,
+        result_backend_transport_options=dict(transport),
+        broker_connection_retry_on_startup=True,
+        worker_cancel_long_running_tasks_on_connection_loss=True,
+        worker_soft_shutdown_timeout=s.memory_worker_soft_shutdown_s,
+        worker_enable_soft_shutdown_on_idle=True,
+        worker_hijack_root_logger=False,
+        worker_send_task_events=True,  # Flower's task view
+        task_send_sent_event=True,
+    )
+    return app
+
+
+configure_logging()
+app = make_app()

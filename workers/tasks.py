@@ -1,0 +1,135 @@
+"""Celery tasks `memory.finalize_turn` and `memory.fold_thread`: thin shells over memory_core."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import structlog
+from celery import Task
+from celery.exceptions import Reject
+
+from memory_core.conversation_memory import RedisConversationMemory
+from memory_core.events import (
+    MEMORY_FINALIZE_REJECTED,
+    MEMORY_SUMMARIZATION_FAILED,
+    MEMORY_SUMMARIZED,
+    emit_event,
+)
+from memory_core.fold_publisher import FINALIZE_TASK, FOLD_TASK, publish_fold
+from memory_core.folding import Folder
+from memory_core.session_handler import save_session_to_thread_safe
+from memory_core.summarizer import ConversationSummarizer
+from workers.app import FINALIZE_HARD_LIMIT_S, FINALIZE_SOFT_LIMIT_S, app, fold_limits
+
+log = structlog.get_logger(__name__)
+
+
+class MemoryTask(Task):
+    """Base task: per-process memory objects; each step opens and owns its own transaction.
+
+    The core commits Postgres before touching Redis or the LLM (durability first), so a task
+    runs several short transactions rather than one: `memory.session_factory` commits on
+    return and rolls back on error.
+    """
+
+    acks_late = True
+    reject_on_worker_lost = True
+    _memory: RedisConversationMemory | None = None
+    _folder: Folder | None = None
+
+    @property
+    def memory(self) -> RedisConversationMemory:
+        if MemoryTask._memory is None:
+            MemoryTask._memory = RedisConversationMemory()
+        return MemoryTask._memory
+
+    @property
+    def folder(self) -> Folder:
+        if MemoryTask._folder is None:
+            MemoryTask._folder = Folder(self.memory, ConversationSummarizer())
+        return MemoryTask._folder
+
+
+def finalize_retry_delay(retries: int, cap_s: int) -> float:
+    """Bounded backoff for a Postgres outage: 1, 2, 4, ... capped, plus a little jitter."""
+    return float(min(2**retries, cap_s)) + random.uniform(0, 1)
+
+
+@app.task(
+    bind=True,
+    base=MemoryTask,
+    name=FINALIZE_TASK,
+    max_retries=None,  # infrastructure failures retry until Postgres is back: never lost
+    soft_time_limit=FINALIZE_SOFT_LIMIT_S,
+    time_limit=FINALIZE_HARD_LIMIT_S,
+)
+def finalize_turn(self: MemoryTask, snapshot: Any) -> dict[str, Any]:
+    if not isinstance(snapshot, dict):
+        snapshot = {"__invalid__": snapshot}
+    outcome = save_session_to_thread_safe(snapshot, memory=self.memory)
+    if outcome.status == "rejected":
+        emit_event(
+            self.memory.redis,
+            MEMORY_FINALIZE_REJECTED,
+            thread_id=_text(snapshot.get("thread_id")),
+            session_id=_text(snapshot.get("session_id")),
+            error=outcome.reason or "",
+        )
+        # Reject without requeue: acked, never retried.
+        raise Reject(outcome.reason, requeue=False)
+    if outcome.status == "failed":
+        delay = finalize_retry_delay(
+            self.request.retries, self.memory.settings.memory_finalize_retry_cap_s
+        )
+        log.warning("memory.finalize_retry", retry_in_s=round(delay, 1), reason=outcome.reason)
+        raise self.retry(countdown=delay, exc=RuntimeError(outcome.reason))
+    return {"status": outcome.status, "seq": outcome.seq, "cache": outcome.cache}
+
+
+_FOLD_SOFT, _FOLD_HARD = fold_limits()
+
+
+@app.task(
+    bind=True,
+    base=MemoryTask,
+    name=FOLD_TASK,
+    max_retries=None,  # folds keep retrying with the capped backoff; each failure is an event
+    soft_time_limit=_FOLD_SOFT,
+    time_limit=_FOLD_HARD,
+)
+def fold_thread(self: MemoryTask, thread_id: Any) -> dict[str, Any]:
+    if not isinstance(thread_id, str):
+        raise Reject(f"thread_id must be a string, not {type(thread_id).__name__}", requeue=False)
+    try:
+        outcome = self.folder.fold(thread_id)
+    except ValueError as exc:  # malformed id: nothing to fold, ever
+        raise Reject(str(exc), requeue=False) from exc
+    redis = self.memory.redis
+    if outcome.status == "failed":
+        emit_event(
+            redis,
+            MEMORY_SUMMARIZATION_FAILED,
+            thread_id=outcome.thread_id,
+            session_id=outcome.session_id or "",
+            attempt=outcome.attempt,
+            error=outcome.error or "",
+            retry_in_s=outcome.retry_in_s,
+        )
+        raise self.retry(countdown=outcome.retry_in_s, exc=RuntimeError(outcome.error))
+    if outcome.status == "folded":
+        emit_event(
+            redis,
+            MEMORY_SUMMARIZED,
+            thread_id=outcome.thread_id,
+            session_id=outcome.session_id or "",
+            through_seq=str(outcome.through_seq),
+            prompt=outcome.prompt or "",
+        )
+        if outcome.more_pending:  # a backlog beyond one bounded prompt: keep going
+            publish_fold(outcome.thread_id, self.memory.settings.celery_broker_url)
+    return {"status": outcome.status, "through_seq": outcome.through_seq}
+
+
+def _text(value: Any) -> str:
+    return value[:64] if isinstance(value, str) else ""
