@@ -46,6 +46,7 @@ class Settings(BaseSettings):
 
     # Broker redelivery delay for unacked jobs; None = longest retry countdown + time limit.
     memory_visibility_timeout_s: int | None = Field(default=None, ge=1)
+    memory_unacked_restore_interval_s: int = Field(default=10, ge=1)
     memory_worker_soft_shutdown_s: float = Field(default=30.0, ge=0)
     memory_finalize_retry_cap_s: int = Field(default=60, ge=1)
 

@@ -30,9 +30,9 @@ def _with_db(url: str, db: int) -> str:
 
 def pytest_configure(config: pytest.Config) -> None:
     services = bootstrap_services(config)
-    # Test brokers live in their own Redis database so queued test jobs never mix with
-    # anything else on the same server, and can be purged freely.
-    os.environ["CELERY_BROKER_URL"] = _with_db(services.redis_url, 1)
+    # Test brokers live in their own Redis database (1-15, by pid, so concurrent sessions
+    # rarely share one) so queued test jobs never mix with anything else and can be purged.
+    os.environ["CELERY_BROKER_URL"] = _with_db(services.redis_url, 1 + os.getpid() % 15)
     reset_settings_cache()
 
 

@@ -186,10 +186,14 @@ def test_bootstrap_services_exports_effective_urls(
     config = _StubConfig()
     services = _services.bootstrap_services(cast(pytest.Config, config))
     assert config.stash[_services.SERVICES] is services
-    assert config.cleanups == [services.stop]
-    assert os.environ["DATABASE_URL"].endswith("/agent_memory_test")
+    assert config.cleanups[0] == services.stop and len(config.cleanups) == 2
+    assert os.environ["DATABASE_URL"].endswith(f"/{_services.TEST_DATABASE}")
     assert os.environ["REDIS_URL"] == os.environ["CELERY_BROKER_URL"] == servers.redis_url
     settings = get_settings()
-    assert settings.database_url.endswith("/agent_memory_test")
+    assert settings.database_url.endswith(f"/{_services.TEST_DATABASE}")
     assert settings.celery_broker_url == servers.redis_url
-    assert _query(os.environ["DATABASE_URL"], "SELECT current_database()") == "agent_memory_test"
+    db = _query(os.environ["DATABASE_URL"], "SELECT current_database()")
+    assert db == _services.TEST_DATABASE
+    config.cleanups[1]()  # drops the session database again
+    gone = f"SELECT count(*) FROM pg_database WHERE datname = '{db}'"
+    assert _query(servers.database_url, gone, "postgres") == 0

@@ -7,7 +7,8 @@ Reliability settings and why:
   its countdown inside a worker) is redelivered after this long. It must exceed the longest
   retry countdown (3600 s) plus the fold time limit, else a waiting retry would be duplicated.
   The price: jobs held by a worker host that dies hard wait this long before redelivery
-  (docs/OPERATIONS.md). Set in both transport-option dicts, as kombu reads each separately.
+  (docs/OPERATIONS.md): at most visibility_timeout + unacked_restore_interval. Set in both
+  transport-option dicts, as kombu reads each separately.
 * soft shutdown: on SIGTERM the worker finishes or hands back (requeues) what it holds within
   `worker_soft_shutdown_timeout`, including ETA retries it is only waiting on.
 """
@@ -42,6 +43,10 @@ def make_app() -> Celery:
     s = get_settings()
     transport = {
         "visibility_timeout": visibility_timeout_s(),
+        # Sweep for expired unacked messages every N s (kombu's default is ~100 s: 10 s
+        # interval x throttle 10), so a dead host's jobs return soon after the timeout.
+        "unacked_restore_interval": s.memory_unacked_restore_interval_s,
+        "unacked_restore_throttle": 1,
         "socket_connect_timeout": 5,
         "socket_timeout": 30,
         "health_check_interval": 30,

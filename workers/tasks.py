@@ -66,18 +66,12 @@ def finalize_retry_delay(retries: int, cap_s: int) -> float:
 )
 def finalize_turn(self: MemoryTask, snapshot: Any) -> dict[str, Any]:
     if not isinstance(snapshot, dict):
-        snapshot = {"__invalid__": snapshot}
+        reason = f"invalid turn snapshot: expected a JSON object, got {type(snapshot).__name__}"
+        log.warning("memory.finalize_rejected", reason=reason)  # the core logs the others
+        _reject_finalize(self, {}, reason)
     outcome = save_session_to_thread_safe(snapshot, memory=self.memory)
     if outcome.status == "rejected":
-        emit_event(
-            self.memory.redis,
-            MEMORY_FINALIZE_REJECTED,
-            thread_id=_text(snapshot.get("thread_id")),
-            session_id=_text(snapshot.get("session_id")),
-            error=outcome.reason or "",
-        )
-        # Reject without requeue: acked, never retried.
-        raise Reject(outcome.reason, requeue=False)
+        _reject_finalize(self, snapshot, outcome.reason or "rejected")
     if outcome.status == "failed":
         delay = finalize_retry_delay(
             self.request.retries, self.memory.settings.memory_finalize_retry_cap_s
@@ -85,6 +79,18 @@ def finalize_turn(self: MemoryTask, snapshot: Any) -> dict[str, Any]:
         log.warning("memory.finalize_retry", retry_in_s=round(delay, 1), reason=outcome.reason)
         raise self.retry(countdown=delay, exc=RuntimeError(outcome.reason))
     return {"status": outcome.status, "seq": outcome.seq, "cache": outcome.cache}
+
+
+def _reject_finalize(task: MemoryTask, snapshot: dict[str, Any], reason: str) -> None:
+    """Bad input is final: emit `memory_finalize_rejected`, ack without retry."""
+    emit_event(
+        task.memory.redis,
+        MEMORY_FINALIZE_REJECTED,
+        thread_id=_text(snapshot.get("thread_id")),
+        session_id=_text(snapshot.get("session_id")),
+        error=reason,
+    )
+    raise Reject(reason, requeue=False)
 
 
 _FOLD_SOFT, _FOLD_HARD = fold_limits()
@@ -100,12 +106,16 @@ _FOLD_SOFT, _FOLD_HARD = fold_limits()
 )
 def fold_thread(self: MemoryTask, thread_id: Any) -> dict[str, Any]:
     if not isinstance(thread_id, str):
-        raise Reject(f"thread_id must be a string, not {type(thread_id).__name__}", requeue=False)
+        _reject_fold(f"thread_id must be a string, not {type(thread_id).__name__}")
     try:
         outcome = self.folder.fold(thread_id)
     except ValueError as exc:  # malformed id: nothing to fold, ever
-        raise Reject(str(exc), requeue=False) from exc
+        _reject_fold(f"thread_id is not a UUID: {exc}")
     redis = self.memory.redis
+    if outcome.status == "busy":
+        # Another fold holds the lease. If its worker died, the lease lapses: check again then
+        # (a no-op if the holder finished), so a killed fold is never silently dropped.
+        raise self.retry(countdown=self.memory.settings.memory_fold_lease_s + 1)
     if outcome.status == "failed":
         emit_event(
             redis,
@@ -129,6 +139,11 @@ def fold_thread(self: MemoryTask, thread_id: Any) -> dict[str, Any]:
         if outcome.more_pending:  # a backlog beyond one bounded prompt: keep going
             publish_fold(outcome.thread_id, self.memory.settings.celery_broker_url)
     return {"status": outcome.status, "through_seq": outcome.through_seq}
+
+
+def _reject_fold(reason: str) -> None:
+    log.warning("memory.fold_rejected", reason=reason)
+    raise Reject(reason, requeue=False)
 
 
 def _text(value: Any) -> str:

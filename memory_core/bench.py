@@ -1,0 +1,472 @@
+"""`agent-memory bench core`: each hot-path figure beside its raw limit, measured in one run.
+
+Each figure is paired with a baseline doing the same I/O without the framework; the two are
+timed interleaved (alternating order, same process and servers), so noise hits both alike.
+
+1. save: `save_session_to_thread_safe` of distinct turns over 50 warm threads vs the same two
+   SQL statements (captured from the core's own execution) via psycopg2 in one transaction
+   plus one EVALSHA of the same working-copy script with the same arguments.
+2. get_context hit on a full working copy (summary + 40 turns) vs a plain GET of as many bytes.
+3. rehydration (invalidate, then get_context) of a 10 000-turn vs a 60-turn thread, 40 unfolded
+   turns each: the cost must not grow with history.
+4. render_conversation_context(ctx, "sql", 2000) of 20 exchanges, warm (per-part token counts
+   cached) and cold (cache cleared before each call), vs one tokenization of its output.
+
+Bench threads get `fold_due_at = 'infinity'`, so no fold is published to a shared broker. Logs
+go through a JSON renderer to /dev/null (their cost counts, nothing prints). All rows and keys
+are removed at the end.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import math
+import os
+import platform
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg2
+import redis
+import structlog
+from sqlalchemy import event
+from sqlalchemy.engine import make_url
+
+from memory_core.artifacts import derive_artifacts
+from memory_core.context import ConversationContext, Exchange
+from memory_core.conversation_memory import RedisConversationMemory
+from memory_core.db import get_engine
+from memory_core.redis_client import make_redis
+from memory_core.session_handler import TITLE_MAX, save_session_to_thread_safe
+from memory_core.settings import Settings
+from memory_core.snapshot import TurnSnapshot
+from memory_core.tokens import count_tokens, encoding
+from memory_core.views import render_conversation_context
+from memory_core.working_copy import _WRITE
+
+COMMAND = "agent-memory bench core"
+KEY_PREFIX = "chat_conversation:bench"
+THREADS = 50
+WARM_TURNS = 3
+UNFOLDED = 40
+LONG_TURNS, SHORT_TURNS = 10_000, 60
+RENDER_EXCHANGES = 20
+BASE_TIME = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+# A raw Redash config: the core must reduce it to a compact descriptor.
+VIZ_OPTIONS = {
+    "globalSeriesType": "column",
+    "columnMapping": {"region": "x", "revenue": "y"},
+    "legend": {"enabled": True},
+    "seriesOptions": {"revenue": {"color": "#ff0000"}},
+}
+SUMMARY = (
+    "The user analyses 2025 revenue by region, excluding returns (is_return = false). "
+    "Revenue means SUM(revenue) in USD from sales. EMEA leads with 41%, then NA and APAC. "
+) * 6
+
+_LOAD_THREAD = """
+INSERT INTO conversation_threads
+  (id, owner_id, agent_type, title, summary, summary_through_seq, last_seq, fold_due_at)
+VALUES (%(id)s, %(owner)s, 'chat', 'bench', %(summary)s, %(through)s, %(n)s, 'infinity')
+"""
+# The same content make-believe as `_snapshot`, generated server-side in one statement.
+_LOAD_TURNS = """
+INSERT INTO thread_messages
+  (thread_id, session_id, seq, user_query, answer, artifacts, response_payload, completed_at)
+SELECT %(id)s, gen_random_uuid(), g,
+  'Revenue by region for ' || (2000 + g) || ', excluding returns (turn ' || g || ')',
+  'Turn ' || g || ': EMEA leads with 41%% of revenue.',
+  jsonb_build_array(
+    jsonb_build_object('kind', 'sql', 'sql', 'SELECT region, SUM(revenue) AS revenue FROM sales '
+      || 'WHERE year = ' || (2000 + g) || ' AND NOT is_return GROUP BY region'),
+    jsonb_build_object('kind', 'visualization', 'id', 100 + g, 'type', 'CHART',
+      'name', 'Revenue by region ' || g, 'chart', 'column', 'x', jsonb_build_array('region'),
+      'y', jsonb_build_array('revenue'), 'series', '[]'::jsonb),
+    jsonb_build_object('kind', 'dashboard', 'id', 3, 'name', 'Sales', 'widget_count', 1,
+      'visualization_ids', jsonb_build_array(100 + g))),
+  jsonb_build_object('blocks', jsonb_build_array(
+    jsonb_build_object('type', 'text', 'text', 'answer ' || g))),
+  %(base)s::timestamptz + g * interval '1 minute'
+FROM generate_series(1, %(n)s) AS g
+"""
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One figure and its raw limit, both in nanoseconds per call."""
+
+    key: str
+    label: str
+    raw_label: str
+    goal: float
+    core: list[int]
+    raw: list[int]
+
+    def figures(self) -> dict[str, float]:
+        p50, p99 = _pct(self.core, 0.50), _pct(self.core, 0.99)
+        r50, r99 = _pct(self.raw, 0.50), _pct(self.raw, 0.99)
+        f = {"p50_us": p50, "p99_us": p99, "raw_p50_us": r50, "raw_p99_us": r99}
+        f |= {"ratio": p50 / r50, "ratio_p99": p99 / r99}
+        return {f"{self.key}.{k}": v for k, v in f.items()}
+
+
+def _pct(samples: list[int], q: float) -> float:
+    """Nearest-rank percentile, in microseconds."""
+    ordered = sorted(samples)
+    return ordered[max(0, min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1))] / 1000.0
+
+
+Step = Callable[[int], object]
+
+
+def _paired(
+    n: int, warmup: int, core: Step, raw: Step, prep: Callable[[int, int], object] | None = None
+) -> tuple[list[int], list[int]]:
+    """Time core(i) and raw(i) interleaved, alternating which goes first; prep is untimed."""
+    out: tuple[list[int], list[int]] = ([], [])
+    gc.collect()
+    for i in range(warmup + n):
+        for side in (0, 1) if i % 2 else (1, 0):
+            if prep is not None:
+                prep(side, i)
+            fn = raw if side else core
+            t0 = time.perf_counter_ns()
+            fn(i)
+            elapsed = time.perf_counter_ns() - t0
+            if i >= warmup:
+                out[side].append(elapsed)
+    return out
+
+
+def _snapshot(thread_id: uuid.UUID, n: int, owner_id: str) -> dict[str, Any]:
+    """The n-th turn of an analytics conversation, as an agent sends it (JSON dict)."""
+    viz = {"id": 100 + n, "type": "CHART", "name": f"Revenue by region {n}", "options": VIZ_OPTIONS}
+    return {
+        "session_id": str(uuid.uuid4()),
+        "thread_id": str(thread_id),
+        "owner_id": owner_id,
+        "agent_type": "chat",
+        "user_query": f"Revenue by region for {2000 + n}, excluding returns (turn {n})",
+        "answer": f"Turn {n}: EMEA leads with 41% of revenue.",
+        "sql": [
+            f"SELECT region, SUM(revenue) AS revenue FROM sales WHERE year = {2000 + n} "
+            "AND NOT is_return GROUP BY region"
+        ],
+        "visualizations": [viz],
+        "dashboards": [{"id": 3, "name": "Sales", "widgets": [{"visualization_id": 100 + n}]}],
+        "response_payload": {"blocks": [{"type": "text", "text": f"answer {n}"}]},
+        "completed_at": (BASE_TIME + timedelta(minutes=n)).isoformat(),
+    }
+
+
+def _exchange(snap: dict[str, Any], seq: int) -> Exchange:
+    """The turn as memory stores it (what the core derives at finalize)."""
+    s = TurnSnapshot.model_validate(snap)
+    viz, dash = [v.model_dump() for v in s.visualizations], [d.model_dump() for d in s.dashboards]
+    art = derive_artifacts(s.sql, viz, dash)
+    fields = s.model_dump(include={"session_id", "user_query", "answer", "completed_at"})
+    return Exchange(seq=seq, artifacts=art, **fields)
+
+
+@contextmanager
+def _json_logs_to_devnull() -> Iterator[None]:
+    """Production-like structlog output (JSON at INFO), written to /dev/null; restored after."""
+    configured, old = structlog.is_configured(), structlog.get_config()
+    with open(os.devnull, "w") as devnull:
+        procs = structlog.processors
+        structlog.configure(
+            processors=[procs.add_log_level, procs.TimeStamper(fmt="iso"), procs.JSONRenderer()],
+            wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
+            logger_factory=structlog.PrintLoggerFactory(devnull),
+            cache_logger_on_first_use=False,
+        )
+        try:
+            yield
+        finally:
+            if configured:
+                structlog.configure(**old)
+            else:
+                structlog.reset_defaults()
+
+
+class _Bench:
+    def __init__(self, database_url: str, redis_url: str, iterations: int) -> None:
+        self.settings = Settings(database_url=database_url, redis_url=redis_url)
+        self.n = iterations
+        self.warmup = max(5, min(100, iterations // 10))
+        self.owner = f"bench-{uuid.uuid4().hex[:12]}"
+        self.memory = RedisConversationMemory(
+            make_redis(redis_url), settings=self.settings, key_prefix=KEY_PREFIX, ttl_hours=1
+        )
+        self.plain = redis.Redis.from_url(redis_url)
+        dsn = make_url(self.settings.database_url).set(drivername="postgresql")
+        self.pg = psycopg2.connect(dsn.render_as_string(hide_password=False))
+        self.threads: list[uuid.UUID] = []
+        self.scratch = f"{KEY_PREFIX}:{{{self.owner}}}:scratch"
+
+    def _sql(self, sql: str, params: dict[str, Any] | None = None) -> None:
+        with self.pg.cursor() as cur:
+            cur.execute(sql, {"owner": self.owner} if params is None else params)
+        self.pg.commit()
+
+    def close(self) -> None:
+        self.pg.rollback()
+        self._sql("DELETE FROM conversation_threads WHERE owner_id = %(owner)s")
+        self.pg.close()
+        keys = [k for t in self.threads for k in self.memory.copy.keys(t)] + [self.scratch]
+        for i in range(0, len(keys), 500):
+            self.plain.delete(*keys[i : i + 500])
+        self.plain.close()
+        self.memory.redis.close()
+
+    def _new_thread(self) -> uuid.UUID:
+        tid = uuid.uuid4()
+        self.threads.append(tid)
+        return tid
+
+    def versions(self) -> str:
+        pg = self.pg.server_version  # e.g. 150020
+        rv = self.plain.info("server").get("redis_version", "?")
+        return f"PostgreSQL {pg // 10000}.{pg % 10000}, Redis {rv}"
+
+    # -- 1. save -------------------------------------------------------------------------
+
+    def _capture_save_sql(self, first: dict[str, Any]) -> None:
+        """Run one core save and keep the exact SQL (and bound parameters) it sent."""
+        captured: dict[str, tuple[str, dict[str, Any]]] = {}
+
+        def capture(*args: Any) -> None:  # (conn, cursor, statement, parameters, ...)
+            captured[args[2].split("(")[0].strip()] = (args[2], dict(args[3]))
+
+        engine = get_engine(self.settings.database_url)
+        event.listen(engine, "before_cursor_execute", capture)
+        try:
+            self._core_save(first)
+        finally:
+            event.remove(engine, "before_cursor_execute", capture)
+        try:
+            self.upsert_sql, self.upsert_tmpl = captured["INSERT INTO conversation_threads"]
+            self.insert_sql, self.insert_tmpl = captured["INSERT INTO thread_messages"]
+        except KeyError:
+            raise RuntimeError(f"save did not run the expected SQL: {list(captured)}") from None
+
+    def _raw_job(self, tid: uuid.UUID, n: int) -> tuple[Any, ...]:
+        """Everything the raw save sends, prepared untimed (seq is predictable: one writer)."""
+        snap = _snapshot(tid, n, self.owner)
+        seq = self.raw_seqs[tid] = self.raw_seqs.get(tid, 0) + 1
+        turn = _exchange(snap, seq)
+        copy = self.memory.copy
+        mode = "merge" if seq == 1 else "append"
+        args = [mode, self.owner, "", 0, seq, copy.ttl_ms, copy.cap, seq, turn.model_dump_json()]
+        title = " ".join(snap["user_query"].split())[:TITLE_MAX]
+        upsert = dict(self.upsert_tmpl, id=str(tid), owner_id=self.owner, title=title)
+        insert = dict(
+            self.insert_tmpl,
+            thread_id=str(tid),
+            session_id=snap["session_id"],
+            seq=seq,
+            user_query=snap["user_query"],
+            answer=snap["answer"],
+            # What SQLAlchemy's JSONB bind processor sends: json.dumps of the value.
+            artifacts=json.dumps([a.model_dump(mode="json") for a in turn.artifacts]),
+            response_payload=json.dumps(snap["response_payload"]),
+            completed_at=turn.completed_at,
+        )
+        return seq, upsert, insert, copy.keys(tid), args
+
+    def _raw_save(self, job: tuple[Any, ...]) -> None:
+        seq, upsert, insert, (meta, turns), args = job
+        cur = self.cur
+        cur.execute(self.upsert_sql, upsert)  # psycopg2 sends BEGIN first, as under SQLAlchemy
+        if cur.fetchone()[0] != seq:
+            raise RuntimeError("raw save: unexpected seq")
+        cur.execute(self.insert_sql, insert)
+        cur.fetchone()
+        self.pg.commit()
+        self.plain.evalsha(self.sha, 2, meta, turns, *args)
+
+    def save(self) -> Pair:
+        core_t = [self._new_thread() for _ in range(THREADS)]
+        raw_t = [self._new_thread() for _ in range(THREADS)]
+        self._capture_save_sql(_snapshot(core_t[0], 1, self.owner))
+        self.sha = self.plain.script_load(_WRITE)
+        self.raw_seqs: dict[uuid.UUID, int] = {}
+        self.cur = self.pg.cursor()
+        # Warm threads and copies (a few turns each), then keep folds from being published.
+        for n in range(1, WARM_TURNS + 1):
+            for i in range(THREADS):
+                if (i, n) != (0, 1):
+                    self._core_save(_snapshot(core_t[i], n, self.owner))
+                self._raw_save(self._raw_job(raw_t[i], n))
+        self._sql(
+            "UPDATE conversation_threads SET fold_due_at = 'infinity' WHERE owner_id = %(owner)s"
+        )
+        total = self.warmup + self.n
+        turn = [WARM_TURNS + 1 + i // THREADS for i in range(total)]
+        core_jobs = [_snapshot(core_t[i % THREADS], turn[i], self.owner) for i in range(total)]
+        raw_jobs = [self._raw_job(raw_t[i % THREADS], turn[i]) for i in range(total)]
+        times = _paired(
+            self.n,
+            self.warmup,
+            lambda i: self._core_save(core_jobs[i]),
+            lambda i: self._raw_save(raw_jobs[i]),
+        )
+        self.cur.close()
+        label = f"sync save `save_session_to_thread_safe` ({THREADS} warm threads)"
+        raw = "the same 2 SQL statements via psycopg2 in 1 txn + 1 EVALSHA, same args"
+        return Pair("save", label, raw, 1.5, *times)
+
+    def _core_save(self, snap: dict[str, Any]) -> None:
+        out = save_session_to_thread_safe(snap, memory=self.memory)
+        if out.status != "saved" or out.cache != "ok":
+            raise RuntimeError(f"bench save did not take the fast path: {out}")
+
+    # -- 3. rehydration, then 2. get_context hit on a full copy ---------------------------
+
+    def _load_thread(self, turns: int) -> uuid.UUID:
+        tid = self._new_thread()
+        params = {"id": str(tid), "owner": self.owner, "summary": SUMMARY, "n": turns}
+        self._sql(_LOAD_THREAD, {**params, "through": turns - UNFOLDED})
+        self._sql(_LOAD_TURNS, {**params, "base": BASE_TIME})
+        return tid
+
+    def rehydrate(self) -> tuple[Pair, uuid.UUID]:
+        long_t, short_t = self._load_thread(LONG_TURNS), self._load_thread(SHORT_TURNS)
+        self._sql("ANALYZE conversation_threads, thread_messages")
+        mem = self.memory
+
+        def miss(tid: uuid.UUID) -> None:
+            if len(mem.get_context(tid, self.owner).recent) != UNFOLDED:
+                raise RuntimeError("rehydration returned the wrong number of turns")
+
+        times = _paired(
+            max(5, self.n // 2),
+            self.warmup // 4 + 2,
+            lambda _: miss(long_t),
+            lambda _: miss(short_t),
+            lambda side, _: mem.invalidate(short_t if side else long_t),
+        )
+        label = f"rehydration (miss) of a {LONG_TURNS:,}-turn thread"
+        raw = f"the same for a {SHORT_TURNS}-turn thread ({UNFOLDED} unfolded turns each)"
+        return Pair("rehydrate", label, raw, 1.2, *times), short_t
+
+    def get_context(self, tid: uuid.UUID) -> Pair:
+        mem = self.memory
+        ctx = mem.get_context(tid, self.owner)
+        meta, members = mem.copy.read(tid)
+        if not meta or len(ctx.recent) != UNFOLDED:
+            raise RuntimeError("get_context bench needs a full working copy")
+        payload = b"".join([*(k + v for k, v in meta.items()), *members])
+        self.plain.set(self.scratch, payload, px=3_600_000)
+        times = _paired(
+            self.n,
+            self.warmup,
+            lambda _: mem.get_context(tid, self.owner),
+            lambda _: self.plain.get(self.scratch),
+        )
+        label = f"get_context hit (summary + {UNFOLDED} turns)"
+        raw = f"plain GET of the same {len(payload):,} bytes"
+        return Pair("get_context", label, raw, 2.0, *times)
+
+    # -- 4. rendering --------------------------------------------------------------------
+
+    def render(self) -> tuple[Pair, Pair]:
+        tid = uuid.uuid4()
+        recent = [
+            _exchange(_snapshot(tid, n, self.owner), n) for n in range(1, RENDER_EXCHANGES + 1)
+        ]
+        ctx = ConversationContext(
+            thread_id=tid, summary=SUMMARY, summary_through_seq=0, recent=recent
+        )
+        text = render_conversation_context(ctx, "sql", 2000)
+        enc, clear = encoding(), count_tokens.cache_clear
+
+        def view(_: int) -> None:
+            render_conversation_context(ctx, "sql", 2000)
+
+        def tokenize(_: int) -> None:
+            enc.encode_ordinary(text)
+
+        warm = _paired(self.n, self.warmup, view, tokenize)
+        cold = _paired(self.n, self.warmup, view, tokenize, lambda side, _: side or clear())
+        tokens = len(enc.encode_ordinary(text))
+        raw = f"1 x encode_ordinary of its output ({tokens:,} tokens)"
+        label = f"render {RENDER_EXCHANGES} exchanges, 'sql', 2000 tokens"
+        return (
+            Pair("render_warm", f"{label}: warm", raw, 0.5, *warm),
+            Pair("render_cold", f"{label}: cold", raw, 0.5, *cold),
+        )
+
+
+def _machine() -> str:
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    py = platform.python_version()
+    return f"{os.cpu_count()} cores ({model}), {platform.system()}, Python {py}"
+
+
+def format_table(pairs: list[Pair], header: list[str]) -> list[str]:
+    lines = [
+        *header,
+        "",
+        "| figure | p50 µs | p99 µs | raw limit (same run) | p50 µs | p99 µs "
+        "| ratio p50 | ratio p99 | goal (p50) | verdict |",
+        "|---|--:|--:|---|--:|--:|--:|--:|--:|---|",
+    ]
+    for p in pairs:
+        f = {k.split(".", 1)[1]: v for k, v in p.figures().items()}
+        verdict = "PASS" if f["ratio"] <= p.goal else "MISS"
+        lines.append(
+            f"| {p.label} | {f['p50_us']:,.1f} | {f['p99_us']:,.1f} | {p.raw_label} "
+            f"| {f['raw_p50_us']:,.1f} | {f['raw_p99_us']:,.1f} | {f['ratio']:.2f}x "
+            f"| {f['ratio_p99']:.2f}x | <= {p.goal}x | {verdict} |"
+        )
+    return lines
+
+
+def bench_core(
+    *,
+    database_url: str,
+    redis_url: str,
+    iterations: int = 2000,
+    out: Callable[[str], None] = print,
+) -> dict[str, float]:
+    """Run the core benchmark once; print the table and return every figure (µs, ratios)."""
+    if iterations < 1:
+        raise ValueError("iterations must be positive")
+    started = time.perf_counter()
+    bench = _Bench(database_url, redis_url, iterations)
+    try:
+        with _json_logs_to_devnull():
+            save = bench.save()
+            rehydrate, short_thread = bench.rehydrate()
+            hit = bench.get_context(short_thread)
+            warm, cold = bench.render()
+        versions = bench.versions()
+    finally:
+        bench.close()
+    pairs = [save, hit, rehydrate, warm, cold]
+    results: dict[str, float] = {}
+    for p in pairs:
+        results.update(p.figures())
+    results["wall_s"] = time.perf_counter() - started
+    header = [
+        f"$ {COMMAND}",
+        f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC · iterations={iterations} "
+        f"(rehydration: {len(rehydrate.core)} per side) · wall {results['wall_s']:.1f} s",
+        f"{_machine()} · {versions}",
+    ]
+    for line in format_table(pairs, header):
+        out(line)
+    return results

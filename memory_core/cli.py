@@ -1,0 +1,223 @@
+"""`agent-memory`: migrate, run workers and Flower, inspect threads, context and events, bench."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from functools import wraps
+from typing import Annotated, Any, TypeVar
+
+import typer
+
+from memory_core.settings import get_settings
+
+app = typer.Typer(
+    help="Agent conversation memory: Postgres canon, Redis working copy, Celery folding.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+events_app = typer.Typer(help="Read the memory:events stream.", no_args_is_help=True)
+bench_app = typer.Typer(
+    help="Benchmarks that print figures beside their raw limits.", no_args_is_help=True
+)
+app.add_typer(events_app, name="events")
+app.add_typer(bench_app, name="bench")
+
+F = TypeVar("F", bound=Callable[..., Any])
+QUEUES = "memory.finalize,memory.fold"
+
+
+def fail(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(1)
+
+
+def one_line_errors(fn: F) -> F:
+    """Infrastructure errors become one clear line on stderr instead of a traceback."""
+
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        import redis
+        from sqlalchemy.exc import OperationalError
+
+        from memory_core.conversation_memory import ThreadNotFound
+
+        try:
+            return fn(*args, **kwargs)
+        except ThreadNotFound as exc:
+            fail(str(exc))
+        except OperationalError as exc:
+            fail(
+                f"cannot reach Postgres at {_safe_url(get_settings().database_url)}: "
+                f"{str(exc.orig).strip().splitlines()[0]}"
+            )
+        except redis.RedisError as exc:
+            fail(f"cannot reach Redis at {_safe_url(get_settings().redis_url)}: {exc}")
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _safe_url(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return url.rsplit("@", maxsplit=1)[-1]
+
+
+@app.command()
+@one_line_errors
+def migrate(revision: str = "head") -> None:
+    """Upgrade the database schema (Alembic) to REVISION."""
+    from memory_core.migrate import upgrade
+
+    upgrade(get_settings().database_url, revision)
+    typer.echo(f"database at {_safe_url(get_settings().database_url)} is at {revision}")
+
+
+@app.command()
+def worker(
+    queues: Annotated[str, typer.Option(help="Comma-separated queues to serve.")] = QUEUES,
+    concurrency: Annotated[int, typer.Option("--concurrency", "-c")] = 2,
+    loglevel: Annotated[str, typer.Option("--loglevel", "-l")] = "INFO",
+    hostname: Annotated[str | None, typer.Option("--hostname", "-n")] = None,
+) -> None:
+    """Start a Celery worker on the memory queues (prefetch 1 when it serves memory.fold)."""
+    from workers.app import app as celery_app
+
+    wanted = [q.strip() for q in queues.split(",") if q.strip()]
+    unknown = set(wanted) - set(QUEUES.split(","))
+    if not wanted or unknown:
+        fail(f"--queues must be among {QUEUES}, got {queues!r}")
+    # Folds are long LLM calls: never let one worker hoard them. Finalize jobs are short.
+    prefetch = 1 if "memory.fold" in wanted else 4
+    argv = [
+        "worker",
+        "-Q",
+        ",".join(wanted),
+        "-c",
+        str(concurrency),
+        "-l",
+        loglevel,
+        "--prefetch-multiplier",
+        str(prefetch),
+        "-E",
+    ]
+    if hostname:
+        argv += ["-n", hostname]
+    celery_app.worker_main(argv)
+
+
+@app.command()
+def flower(
+    port: int = 5555,
+    address: str = "127.0.0.1",
+    basic_auth: Annotated[
+        str | None, typer.Option(help="user:password (FLOWER_BASIC_AUTH)")
+    ] = None,
+) -> None:
+    """Start Flower (basic auth on; Prometheus metrics at /metrics)."""
+    from workers.app import app as celery_app
+
+    auth = basic_auth or get_settings().flower_basic_auth
+    if not auth or ":" not in auth:
+        fail("Flower needs basic auth: set FLOWER_BASIC_AUTH=user:password")
+    celery_app.start(["flower", f"--port={port}", f"--address={address}", f"--basic-auth={auth}"])
+
+
+@app.command()
+@one_line_errors
+def context(
+    thread_id: str,
+    owner: Annotated[
+        str, typer.Option(help="The thread's owner (required: memory is owner-only).")
+    ],
+    focus: Annotated[str, typer.Option(help="brief | sql | visualizations")] = "brief",
+    max_tokens: int = 2000,
+    json_output: Annotated[bool, typer.Option("--json", help="Print the raw context.")] = False,
+) -> None:
+    """Print a thread's memory as the node view FOCUS would see it."""
+    from memory_core.conversation_memory import RedisConversationMemory
+    from memory_core.views import FOCUSES, render_conversation_context
+
+    if focus not in FOCUSES:
+        fail(f"--focus must be one of {', '.join(FOCUSES)}")
+    ctx = RedisConversationMemory().get_context(thread_id, owner)
+    if json_output:
+        typer.echo(ctx.model_dump_json(indent=2))
+        return
+    typer.echo(render_conversation_context(ctx, focus, max_tokens), nl=False)  # type: ignore[arg-type]
+
+
+@app.command()
+@one_line_errors
+def threads(
+    owner: Annotated[str, typer.Option(help="Whose history to list.")],
+    limit: int = 20,
+    archived: Annotated[bool, typer.Option(help="Include archived threads.")] = False,
+) -> None:
+    """List a user's threads, most recently active first (the history UI's list)."""
+    from memory_core.db import session_scope
+    from memory_core.models import ConversationThread
+
+    with session_scope() as session:
+        rows = ConversationThread.history(session, owner, limit=limit, include_archived=archived)
+        for t in rows:
+            flag = " [archived]" if t.is_archived else ""
+            typer.echo(
+                f"{t.id}  {t.updated_at:%Y-%m-%d %H:%M}  {t.agent_type:<7}  "
+                f"{t.last_seq:>4} turns  {t.title[:60]}{flag}"
+            )
+    if not rows:
+        typer.echo(f"no threads for {owner}", err=True)
+
+
+@events_app.command("tail")
+@one_line_errors
+def events_tail(
+    group: Annotated[str | None, typer.Option(help="Consumer group (acks what it reads).")] = None,
+    consumer: Annotated[str | None, typer.Option(help="Consumer name within the group.")] = None,
+    follow: Annotated[bool, typer.Option("--follow/--no-follow", "-f")] = False,
+    count: int = 20,
+    from_start: bool = False,
+) -> None:
+    """Print memory events (memory_summarization_failed, memory_summarized, ...)."""
+    from memory_core.events import format_event, tail_events
+    from memory_core.redis_client import get_redis
+
+    s = get_settings()
+    for event in tail_events(
+        get_redis(s.redis_url),
+        stream=s.memory_events_stream,
+        group=group,
+        consumer=consumer,
+        follow=follow,
+        count=count,
+        block_ms=5000,
+        from_start=from_start,
+    ):
+        typer.echo(format_event(event))
+
+
+@bench_app.command("core")
+@one_line_errors
+def bench_core_cmd(iterations: int = 2000) -> None:
+    """Save, get_context, rehydration and rendering against their raw limits."""
+    from memory_core.bench import bench_core
+
+    s = get_settings()
+    bench_core(database_url=s.database_url, redis_url=s.redis_url, iterations=iterations)
+
+
+@app.command()
+def demo() -> None:
+    """Play a scripted analytics conversation through a real worker (see README)."""
+    from memory_core.demo import run_demo
+
+    sys.exit(run_demo())
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,158 @@
+"""Workers killed with -9 or SIGTERM mid-work: every job still lands exactly once."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+import uuid
+
+import redis
+from sqlalchemy import func, select
+
+from memory_core.db import session_scope
+from memory_core.models import ConversationThread, ThreadMessage
+from tests.conftest import make_snapshot
+from tests.fakes.llm_server import FakeLLMServer
+from tests.workers.harness import send_finalize, send_fold, wait_for
+
+
+def _counts(tids: list[uuid.UUID]) -> dict[uuid.UUID, list[int]]:
+    with session_scope() as s:
+        rows = s.execute(
+            select(ThreadMessage.thread_id, ThreadMessage.seq)
+            .where(ThreadMessage.thread_id.in_(tids))
+            .order_by(ThreadMessage.thread_id, ThreadMessage.seq)
+        ).all()
+    out: dict[uuid.UUID, list[int]] = {t: [] for t in tids}
+    for tid, seq in rows:
+        out[tid].append(seq)
+    return out
+
+
+def _total(tids: list[uuid.UUID]) -> int:
+    with session_scope() as s:
+        return int(s.scalar(select(func.count()).where(ThreadMessage.thread_id.in_(tids))) or 0)
+
+
+def _assert_exactly_once(
+    tids: list[uuid.UUID], per_thread: int, sent: dict[uuid.UUID, set[str]]
+) -> None:
+    seqs = _counts(tids)
+    for tid in tids:
+        assert seqs[tid] == list(range(1, per_thread + 1)), f"gap or duplicate in {tid}"
+    with session_scope() as s:
+        stored = {
+            str(x)
+            for x in s.scalars(
+                select(ThreadMessage.session_id).where(ThreadMessage.thread_id.in_(tids))
+            )
+        }
+    assert stored == set().union(*sent.values())
+
+
+def _send_load(
+    agent, threads: int, per_thread: int
+) -> tuple[list[uuid.UUID], dict[uuid.UUID, set[str]]]:  # type: ignore[no-untyped-def]
+    tids = [uuid.uuid4() for _ in range(threads)]
+    sent: dict[uuid.UUID, set[str]] = {t: set() for t in tids}
+    for n in range(1, per_thread + 1):
+        for tid in tids:
+            snap = make_snapshot(tid, n)
+            sent[tid].add(snap["session_id"])
+            send_finalize(agent, snap)
+    return tids, sent
+
+
+def test_children_killed_repeatedly_lose_and_duplicate_nothing(start_worker, agent) -> None:  # type: ignore[no-untyped-def]
+    w = start_worker(concurrency=2)
+    tids, sent = _send_load(agent, threads=5, per_thread=60)
+    kills = 0
+    deadline = time.monotonic() + 120
+    while _total(tids) < 300 and time.monotonic() < deadline:
+        time.sleep(0.25)
+        children = w.children()
+        if children and kills < 12:
+            os.kill(random.choice(children), signal.SIGKILL)
+            kills += 1
+    wait_for(lambda: _total(tids) == 300, 120, "all 300 turns", w.log)
+    assert kills >= 5 and w.alive()
+    assert "WorkerLostError" in w.log() or "exited with 'signal 9" in w.log()
+    _assert_exactly_once(tids, 60, sent)
+
+
+def test_child_killed_mid_fold_the_fold_is_redelivered_and_lands_once(
+    start_worker, agent, llm: FakeLLMServer
+) -> None:  # type: ignore[no-untyped-def]
+    w = start_worker(concurrency=1, env={"MEMORY_FOLD_LEASE_S": "3"})
+    tid = uuid.uuid4()
+    for n in range(1, 21):
+        send_finalize(agent, make_snapshot(tid, n))
+    wait_for(lambda: _total([tid]) == 20, 60, "20 turns", w.log)
+    llm.delay_s = 8.0
+    llm.set_mode("timeout")  # the LLM hangs: the fold is mid-call when we kill its process
+    send_finalize(agent, make_snapshot(tid, 21))
+    wait_for(lambda: llm.calls >= 1, 60, "the fold's LLM call", w.log)
+    (child,) = w.children()
+    os.kill(child, signal.SIGKILL)
+    llm.set_mode("ok")
+    wait_for(lambda: _thread_through(tid) == 11, 90, "the redelivered fold", w.log)
+    assert w.alive() and llm.calls >= 2
+    with session_scope() as s:
+        t = s.scalars(select(ConversationThread).where(ConversationThread.id == tid)).one()
+        assert t.summary and t.summary.count("Running summary of the analysis") == 1
+
+
+def _thread_through(tid: uuid.UUID) -> int | None:
+    with session_scope() as s:
+        return s.scalar(
+            select(ConversationThread.summary_through_seq).where(ConversationThread.id == tid)
+        )
+
+
+def test_whole_worker_killed_jobs_redelivered_after_visibility_timeout(start_worker, agent) -> None:  # type: ignore[no-untyped-def]
+    # Lowered from the production ~70 min so the bound can be observed in a test.
+    env = {"MEMORY_VISIBILITY_TIMEOUT_S": "5", "MEMORY_UNACKED_RESTORE_INTERVAL_S": "1"}
+    first = start_worker(concurrency=2, env=env)
+    tids, sent = _send_load(agent, threads=4, per_thread=50)
+    wait_for(lambda: _total(tids) >= 20, 60, "some progress", first.log)
+    first.kill_hard()  # main process and children: nothing is handed back
+    landed_at_kill = _total(tids)
+    broker = redis.Redis.from_url(agent.conf.broker_url)
+    held = broker.hlen("unacked")
+    assert held >= 1, "the killed worker held no job: nothing to redeliver"
+    assert landed_at_kill < 200
+    killed_at = time.monotonic()
+    second = start_worker(concurrency=2, env=env)
+    wait_for(lambda: _total(tids) == 200, 120, "all 200 turns after the crash", second.log)
+    wait_for(lambda: broker.hlen("unacked") == 0, 60, "held jobs redelivered", second.log)
+    recovered_in = time.monotonic() - killed_at
+    _assert_exactly_once(tids, 50, sent)
+    # The held jobs could not come back before the visibility timeout had passed.
+    assert recovered_in >= 5
+    print(
+        f"whole-worker kill: {held} held jobs redelivered, all {200 - landed_at_kill} "
+        f"outstanding landed within {recovered_in:.1f}s (visibility_timeout 5 s)"
+    )
+
+
+def test_sigterm_hands_back_what_the_worker_holds(start_worker, agent, llm: FakeLLMServer) -> None:  # type: ignore[no-untyped-def]
+    first = start_worker(concurrency=2)
+    tids, sent = _send_load(agent, threads=4, per_thread=40)
+    wait_for(lambda: _total(tids) >= 10, 60, "some progress", first.log)
+    assert first.terminate(60) == 0  # a clean warm/soft shutdown
+    second = start_worker(concurrency=2)
+    wait_for(lambda: _total(tids) == 160, 120, "all 160 turns after SIGTERM", second.log)
+    _assert_exactly_once(tids, 40, sent)
+    # A fold retry waiting on its countdown is handed back too, not lost.
+    tid = uuid.uuid4()
+    llm.set_mode("500")
+    for n in range(1, 22):
+        send_finalize(agent, make_snapshot(tid, n))
+    wait_for(lambda: "memory.fold_failed" in second.log(), 60, "a failed fold", second.log)
+    assert second.terminate(60) == 0
+    llm.set_mode("ok")
+    send_fold(agent, str(tid))  # not needed for durability: just speeds the test up
+    third = start_worker(concurrency=1)
+    wait_for(lambda: _thread_through(tid) == 11, 60, "the fold after restart", third.log)

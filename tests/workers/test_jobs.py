@@ -1,0 +1,178 @@
+"""memory.finalize_turn and memory.fold_thread through a real worker on the Redis broker."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import redis
+from sqlalchemy import select
+
+from memory_core import RedisConversationMemory
+from memory_core.db import session_scope
+from memory_core.events import EventConsumer
+from memory_core.models import ConversationThread, ThreadMessage
+from tests.conftest import make_snapshot
+from tests.fakes.llm_server import FakeLLMServer
+from tests.workers.harness import send_finalize, send_fold, wait_for
+
+
+def _seqs(tid: uuid.UUID) -> list[int]:
+    with session_scope() as s:
+        return list(
+            s.scalars(
+                select(ThreadMessage.seq)
+                .where(ThreadMessage.thread_id == tid)
+                .order_by(ThreadMessage.seq)
+            )
+        )
+
+
+def _thread(tid: uuid.UUID) -> ConversationThread | None:
+    with session_scope() as s:
+        return s.scalars(select(ConversationThread).where(ConversationThread.id == tid)).first()
+
+
+def _events(r: redis.Redis, stream: str, group: str = "test") -> list[Any]:
+    consumer = EventConsumer(r, group, "c1", stream=stream)
+    consumer.ensure_group()
+    got = consumer.read(count=100)
+    consumer.ack(*(e.id for e in got))
+    return got
+
+
+def test_finalize_jobs_land_once_in_order_with_duplicates(
+    start_worker, agent, redis_client
+) -> None:  # type: ignore[no-untyped-def]
+    w = start_worker()
+    tid = uuid.uuid4()
+    snaps = [make_snapshot(tid, n) for n in range(1, 16)]
+    for snap in snaps:
+        send_finalize(agent, snap)
+        send_finalize(agent, snap)  # at-least-once delivery: every job twice
+    wait_for(lambda: len(_seqs(tid)) == 15, 60, "15 turns", w.log)
+    wait_for(
+        lambda: (
+            "memory.finalize_duplicate" in w.log()
+            and w.log().count("memory.finalize_duplicate") == 15
+        ),
+        30,
+        "15 duplicates",
+        w.log,
+    )
+    assert _seqs(tid) == list(range(1, 16))
+    ctx = RedisConversationMemory(redis_client).get_context(tid, "user-42")
+    assert [e.seq for e in ctx.recent] == list(range(1, 16))
+    assert '"task_id"' in w.log() and f'"thread_id": "{tid}"' in w.log()
+
+
+def test_invalid_jobs_are_rejected_with_an_event_and_never_retried(
+    start_worker, agent, redis_client, events_stream: str
+) -> None:  # type: ignore[no-untyped-def]
+    w = start_worker()
+    bad_tid = str(uuid.uuid4())
+    send_finalize(agent, {**make_snapshot(bad_tid, 1), "agent_type": "robot"})
+    send_finalize(agent, "not a snapshot")
+    send_finalize(agent, {**make_snapshot(bad_tid, 2), "session_id": "nope"})
+    events = wait_for(
+        lambda: ((e := _events(redis_client, events_stream)) and len(e) >= 3 and e) or None,
+        60,
+        "3 rejection events",
+        w.log,
+    )
+    assert [e.event for e in events] == ["memory_finalize_rejected"] * 3
+    by_error = {e.error.split(": ", 1)[1].split(":")[0]: e for e in events}
+    assert set(by_error) == {"agent_type", "session_id", "expected a JSON object, got str"}
+    assert by_error["agent_type"].thread_id == bad_tid
+    # Acked, not retried: the worker moves on and the queue drains.
+    good = uuid.uuid4()
+    send_finalize(agent, make_snapshot(good, 1))
+    wait_for(lambda: _seqs(good) == [1], 30, "a valid job after the rejects", w.log)
+    assert _thread(uuid.UUID(bad_tid)) is None and w.alive()
+    broker = redis.Redis.from_url(agent.conf.broker_url)
+    assert broker.llen("memory.finalize") == 0
+    assert w.log().count('"memory.finalize_rejected"') == 3
+
+
+def test_folds_run_on_the_worker_and_emit_summarized(
+    start_worker, agent, redis_client, events_stream: str, llm: FakeLLMServer
+) -> None:  # type: ignore[no-untyped-def]
+    w = start_worker()
+    tid = uuid.uuid4()
+    for n in range(1, 22):
+        send_finalize(agent, make_snapshot(tid, n))
+    wait_for(
+        lambda: (t := _thread(tid)) is not None and t.summary_through_seq == 11,
+        60,
+        "the fold at turn 21",
+        w.log,
+    )
+    for n in range(22, 33):
+        send_finalize(agent, make_snapshot(tid, n))
+    wait_for(
+        lambda: (t := _thread(tid)) is not None and t.summary_through_seq == 22,
+        60,
+        "the fold at turn 32",
+        w.log,
+    )
+    t = _thread(tid)
+    assert t is not None and t.summary_prompt == "builtin:v1"
+    assert llm.calls == 2
+    events = _events(redis_client, events_stream)
+    assert [e.event for e in events] == ["memory_summarized"] * 2
+    assert [e.fields["through_seq"] for e in events] == ["11", "22"]
+
+
+def test_fold_failure_emits_event_persists_attempt_and_retries(
+    start_worker, agent, redis_client, events_stream: str, llm: FakeLLMServer
+) -> None:  # type: ignore[no-untyped-def]
+    llm.set_mode("500")
+    w = start_worker()
+    tid = uuid.uuid4()
+    for n in range(1, 22):
+        send_finalize(agent, make_snapshot(tid, n))
+    events = wait_for(lambda: _events(redis_client, events_stream), 60, "a failure event", w.log)
+    (failed,) = events
+    assert failed.event == "memory_summarization_failed"
+    assert (failed.thread_id, failed.attempt, failed.retry_in_s) == (str(tid), 1, 60)
+    assert "500" in failed.error and failed.session_id
+    assert set(failed.fields) >= {
+        "event",
+        "thread_id",
+        "session_id",
+        "attempt",
+        "error",
+        "retry_in_s",
+        "at",
+    }
+    t = _thread(tid)
+    assert t is not None and t.fold_attempts == 1 and t.summary_through_seq == 0
+    # Nothing is lost or hidden: all 21 turns are in Postgres and in the working copy.
+    ctx = RedisConversationMemory(redis_client).get_context(tid, "user-42")
+    assert [e.seq for e in ctx.recent] == list(range(1, 22))
+    # The retry waits in the worker (countdown 60 s, unacked); an operator-published fold
+    # after recovery folds right away and the waiting retry later finds nothing to do.
+    llm.set_mode("ok")
+    send_fold(agent, str(tid))
+    wait_for(
+        lambda: (t := _thread(tid)) is not None and t.summary_through_seq == 11,
+        60,
+        "the fold after recovery",
+        w.log,
+    )
+    assert _thread(tid).fold_attempts == 0  # type: ignore[union-attr]
+
+
+def test_malformed_fold_jobs_are_rejected(start_worker, agent) -> None:  # type: ignore[no-untyped-def]
+    w = start_worker()
+    send_fold(agent, 12345)
+    send_fold(agent, "not-a-uuid")
+    send_fold(agent, str(uuid.uuid4()))  # well-formed, unknown: a no-op
+    wait_for(
+        lambda: w.log().count('"memory.fold_rejected"') == 2, 30, "two rejected fold jobs", w.log
+    )
+    assert "thread_id is not a UUID" in w.log() and "thread_id must be a string, not int" in w.log()
+    broker = redis.Redis.from_url(agent.conf.broker_url)
+    wait_for(lambda: broker.llen("memory.fold") == 0, 30, "fold queue drained", w.log)
+    wait_for(lambda: "{'status': 'missing'" in w.log(), 30, "the unknown thread's no-op", w.log)
+    assert w.alive()
