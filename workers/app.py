@@ -51,7 +51,9 @@ def make_app() -> Celery:
         "socket_timeout": 30,
         "health_check_interval": 30,
     }
-    app = Celery("agent_memory", broker=s.celery_broker_url, include=["workers.tasks"])
+    app = Celery(
+        "agent_memory", broker=s.celery_broker_url, include=["workers.tasks", "workers.bench_tasks"]
+    )
     app.conf.update(
         task_serializer="json",
         result_serializer="json",
