@@ -263,8 +263,11 @@ class _Bench:
         seq = self.raw_seqs[tid] = self.raw_seqs.get(tid, 0) + 1
         turn = _exchange(snap, seq)
         copy = self.memory.copy
-        mode = "merge" if seq == 1 else "append"
-        args = [mode, self.owner, "", 0, seq, copy.ttl_ms, copy.cap, seq, turn.model_dump_json()]
+        if seq == 1:
+            first = ConversationContext(thread_id=tid, recent=[turn])
+            args = copy.merge_args(self.owner, first, last_seq=1)
+        else:
+            args = copy.append_args(self.owner, 0, turn)
         title = " ".join(snap["user_query"].split())[:TITLE_MAX]
         upsert = dict(self.upsert_tmpl, id=str(tid), owner_id=self.owner, title=title)
         insert = dict(

@@ -52,8 +52,10 @@ def one_line_errors(fn: F) -> F:
                 f"cannot reach Postgres at {_safe_url(get_settings().database_url)}: "
                 f"{str(exc.orig).strip().splitlines()[0]}"
             )
-        except redis.RedisError as exc:
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
             fail(f"cannot reach Redis at {_safe_url(get_settings().redis_url)}: {exc}")
+        except redis.RedisError as exc:
+            fail(f"Redis error: {exc}")
 
     return wrapper  # type: ignore[return-value]
 
@@ -221,3 +223,7 @@ def demo() -> None:
 
 def main() -> None:
     app()
+
+
+if __name__ == "__main__":
+    main()

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
+from collections import OrderedDict
 from contextlib import AbstractContextManager
+from typing import Any, Generic, TypeVar
 from uuid import UUID
 
 import redis
 import structlog
+from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from memory_core.context import ConversationContext, Exchange
-from memory_core.db import session_scope
+from memory_core.db import get_engine, retry_on_disconnect, session_scope
 from memory_core.models import ConversationThread
 from memory_core.redis_client import get_redis
 from memory_core.settings import Settings, get_settings
@@ -48,7 +51,8 @@ class RedisConversationMemory:
         key_prefix: str | None = None,
         max_unfolded_messages: int | None = None,
         settings: Settings | None = None,
-        session_factory: Callable[[], AbstractContextManager[Session]] | None = None,
+        engine: Engine | None = None,
+        local_cache_size: int | None = None,
     ) -> None:
         s = settings or get_settings()
         self.settings = s
@@ -67,7 +71,11 @@ class RedisConversationMemory:
         if self.max_recent_messages >= self.compression_threshold:
             raise ValueError("max_recent_messages must be below compression_threshold")
         self.redis = redis_client if redis_client is not None else get_redis(s.redis_url)
-        self.session_factory = session_factory or (lambda: session_scope(s.database_url))
+        self.engine = engine if engine is not None else get_engine(s.database_url)
+        # Parsed contexts by copy version: a hit on an unchanged copy skips re-validation.
+        self._parsed: _LRU[UUID, tuple[bytes, ConversationContext]] = _LRU(
+            s.memory_local_cache_size if local_cache_size is None else local_cache_size
+        )
         self.copy = WorkingCopy(
             self.redis,
             key_prefix=self.key_prefix,
@@ -84,15 +92,21 @@ class RedisConversationMemory:
         Postgres; a miss also repopulates the copy.
         """
         tid = _as_uuid(thread_id)
+        known = self._parsed.get(tid)
         try:
-            meta, members = self.copy.read(tid)
+            found = self.copy.read_if_changed(tid, known[0] if known else None)
         except REDIS_ERRORS as exc:
             log.warning("memory.cache_unavailable", thread_id=str(tid), error=str(exc))
             return self._load(tid, owner_id)
-        if meta:
+        if found is not None:
+            version, meta, members = found
             if meta.get(b"owner", b"").decode() != owner_id:
                 raise ThreadNotFound(tid)
-            return context_from_copy(tid, meta, members)
+            if members is None and known is not None:
+                return known[1]  # unchanged since this process parsed it
+            ctx = context_from_copy(tid, meta, members or [])
+            self._parsed.put(tid, (version, ctx))
+            return ctx
         ctx, last_seq = self._load_with_last(tid, owner_id)
         self._store(owner_id, ctx, last_seq)
         return ctx
@@ -108,8 +122,11 @@ class RedisConversationMemory:
         return self._load_with_last(tid, owner_id)[0]
 
     def _load_with_last(self, tid: UUID, owner_id: str) -> tuple[ConversationContext, int]:
-        with self.session_factory() as session:
-            found = ConversationThread.rehydrate(session, tid, owner_id, self.max_unfolded_messages)
+        def read() -> Any:
+            with self.engine.connect() as conn:
+                return ConversationThread.rehydrate(conn, tid, owner_id, self.max_unfolded_messages)
+
+        found = retry_on_disconnect(read)
         if found is None:
             raise ThreadNotFound(tid)
         head, rows = found
@@ -137,6 +154,10 @@ class RedisConversationMemory:
         except REDIS_ERRORS as exc:
             log.warning("memory.cache_write_failed", thread_id=str(ctx.thread_id), error=str(exc))
 
+    def session_factory(self) -> AbstractContextManager[Session]:
+        """An ORM session on this memory's database, one transaction (commit or rollback)."""
+        return session_scope(engine=self.engine)
+
     # -- writes (called by the finalize core and the fold worker) ------------------------
 
     def record_turn(self, owner_id: str, thread_id: UUID, through: int, turn: Exchange) -> str:
@@ -163,6 +184,35 @@ class RedisConversationMemory:
     def invalidate(self, thread_id: UUID | str) -> None:
         """Drop the working copy (the next read rehydrates from Postgres)."""
         self.copy.delete(_as_uuid(thread_id))
+
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class _LRU(Generic[K, V]):
+    """A small thread-safe LRU map; size 0 disables it."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._data: OrderedDict[K, V] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: K) -> V | None:
+        with self._lock:
+            value = self._data.get(key)
+            if value is not None:
+                self._data.move_to_end(key)
+            return value
+
+    def put(self, key: K, value: V) -> None:
+        if self.size <= 0:
+            return
+        with self._lock:
+            self._data[key] = value
+            self._data.move_to_end(key)
+            while len(self._data) > self.size:
+                self._data.popitem(last=False)
 
 
 def _as_uuid(value: UUID | str) -> UUID:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TypeVar
 
 from sqlalchemy import Engine, MetaData, create_engine
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
 from memory_core.settings import get_settings
@@ -27,7 +29,10 @@ class Base(DeclarativeBase):
 def make_engine(url: str) -> Engine:
     return create_engine(
         url,
-        pool_pre_ping=True,
+        # No pre-ping: it costs a round trip on every checkout. A connection broken by a
+        # Postgres restart fails once, invalidates the pool, and `retry_on_disconnect`
+        # re-runs the unit of work on a fresh connection.
+        pool_recycle=1800,
         pool_size=5,
         max_overflow=10,
         # Fail fast when Postgres is down: finalize reports "failed" instead of hanging.
@@ -46,17 +51,18 @@ def get_engine(url: str | None = None) -> Engine:
     return _ENGINES[url]
 
 
-def get_sessionmaker(url: str | None = None) -> sessionmaker[Session]:
-    url = url or get_settings().database_url
-    if url not in _MAKERS:
-        _MAKERS[url] = sessionmaker(bind=get_engine(url), expire_on_commit=False, autoflush=False)
-    return _MAKERS[url]
+def get_sessionmaker(url: str | None = None, engine: Engine | None = None) -> sessionmaker[Session]:
+    engine = engine or get_engine(url)
+    key = str(id(engine))
+    if key not in _MAKERS:
+        _MAKERS[key] = sessionmaker(bind=engine, expire_on_commit=False, autoflush=False)
+    return _MAKERS[key]
 
 
 @contextmanager
-def session_scope(url: str | None = None) -> Iterator[Session]:
+def session_scope(url: str | None = None, *, engine: Engine | None = None) -> Iterator[Session]:
     """One transaction: commit on success, roll back on any exception."""
-    session = get_sessionmaker(url)()
+    session = get_sessionmaker(url, engine)()
     try:
         yield session
         session.commit()
@@ -73,3 +79,16 @@ def reset_engines() -> None:
         engine.dispose()
     _ENGINES.clear()
     _MAKERS.clear()
+
+
+T = TypeVar("T")
+
+
+def retry_on_disconnect(work: Callable[[], T]) -> T:
+    """Run `work`; if it failed only because a pooled connection had died, run it once more."""
+    try:
+        return work()
+    except DBAPIError as exc:
+        if not exc.connection_invalidated:
+            raise
+        return work()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
+from functools import cache
 from typing import Any, cast
 
 from sqlalchemy import (
@@ -24,6 +25,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    bindparam,
     case,
     func,
     literal_column,
@@ -33,6 +35,7 @@ from sqlalchemy import (
     tuple_,
 )
 from sqlalchemy.dialects.postgresql import JSONB, UUID, insert
+from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from memory_core.db import Base
@@ -105,7 +108,7 @@ class ConversationThread(Base):
     @classmethod
     def claim_next_seq(
         cls,
-        session: Session,
+        session: Session | Connection,
         *,
         thread_id: uuid.UUID,
         owner_id: str,
@@ -120,41 +123,22 @@ class ConversationThread(Base):
         the threshold and no fold is pending, or the pending one is overdue by more than the
         grace period (its message was lost). Returns None when the thread belongs to someone else.
         """
-        t = cast(Table, cls.__table__)
-        grace = func.make_interval(0, 0, 0, 0, 0, 0, republish_grace_s)
-        overdue = t.c.fold_due_at < func.now() - grace
-        needs_fold = (t.c.last_seq + 1 - t.c.summary_through_seq > fold_threshold) & (
-            t.c.fold_due_at.is_(None) | overdue
-        )
-        stmt = (
-            insert(t)
-            .values(id=thread_id, owner_id=owner_id, agent_type=agent_type, title=title, last_seq=1)
-            .on_conflict_do_update(
-                index_elements=[t.c.id],
-                set_={
-                    "last_seq": t.c.last_seq + 1,
-                    "updated_at": func.now(),
-                    "fold_due_at": case((needs_fold, func.now()), else_=t.c.fold_due_at),
-                },
-                where=t.c.owner_id == literal_column("excluded.owner_id"),
-            )
-            .returning(
-                t.c.last_seq,
-                t.c.summary,
-                t.c.summary_through_seq,
-                (t.c.fold_due_at == func.now()).label("fold_requested"),
-            )
-        )
-        row = session.execute(stmt).one_or_none()
+        params = {
+            "id": thread_id,
+            "owner_id": owner_id,
+            "agent_type": agent_type,
+            "title": title,
+            "threshold": fold_threshold,
+            "grace_s": republish_grace_s,
+        }
+        row = session.execute(_claim_statement(), params).one_or_none()
         if row is None:
             return None
-        return SeqClaim(
-            row.last_seq, row.summary, row.summary_through_seq, bool(row.fold_requested)
-        )
+        return SeqClaim(row.last_seq, row.summary_through_seq, bool(row.fold_requested))
 
     @classmethod
     def rehydrate(
-        cls, session: Session, thread_id: uuid.UUID, owner_id: str, cap: int
+        cls, session: Session | Connection, thread_id: uuid.UUID, owner_id: str, cap: int
     ) -> tuple[Any, list[Any]] | None:
         """Summary + the newest `cap` unfolded turns in one indexed, owner-checked query.
 
@@ -187,9 +171,63 @@ class ConversationThread(Base):
 @dataclass(frozen=True, slots=True)
 class SeqClaim:
     seq: int
-    summary: str | None
     summary_through_seq: int
     fold_requested: bool
+
+
+@cache
+def _claim_statement() -> Any:
+    """Built once: the finalize hot path only binds parameters (no per-call SQL construction)."""
+    t = cast(Table, ConversationThread.__table__)
+    grace = func.make_interval(0, 0, 0, 0, 0, 0, bindparam("grace_s", type_=Integer))
+    overdue = t.c.fold_due_at < func.now() - grace
+    over = t.c.last_seq + 1 - t.c.summary_through_seq > bindparam("threshold", type_=Integer)
+    needs_fold = over & (t.c.fold_due_at.is_(None) | overdue)
+    return (
+        insert(t)
+        .values(
+            id=bindparam("id"),
+            owner_id=bindparam("owner_id"),
+            agent_type=bindparam("agent_type"),
+            title=bindparam("title"),
+            last_seq=1,
+        )
+        .on_conflict_do_update(
+            index_elements=[t.c.id],
+            set_={
+                "last_seq": t.c.last_seq + 1,
+                "updated_at": func.now(),
+                "fold_due_at": case((needs_fold, func.now()), else_=t.c.fold_due_at),
+            },
+            where=t.c.owner_id == literal_column("excluded.owner_id"),
+        )
+        .returning(
+            t.c.last_seq,
+            t.c.summary_through_seq,
+            (t.c.fold_due_at == func.now()).label("fold_requested"),
+        )
+    )
+
+
+@cache
+def _insert_message_statement() -> Any:
+    t = cast(Table, ThreadMessage.__table__)
+    cols = (
+        "thread_id",
+        "session_id",
+        "seq",
+        "user_query",
+        "answer",
+        "artifacts",
+        "response_payload",
+        "completed_at",
+    )
+    return (
+        insert(t)
+        .values({c: bindparam(c, type_=t.c[c].type) for c in cols})
+        .on_conflict_do_nothing(index_elements=[t.c.session_id])
+        .returning(t.c.id)
+    )
 
 
 class ThreadMessage(Base):
@@ -218,13 +256,9 @@ class ThreadMessage(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
     @classmethod
-    def insert_once(cls, session: Session, **values: Any) -> bool:
+    def insert_once(cls, session: Session | Connection, **values: Any) -> bool:
         """Insert the turn unless its session_id is already stored; True when inserted."""
-        t = cast(Table, cls.__table__)
-        stmt = (
-            insert(t).values(**values).on_conflict_do_nothing(index_elements=[t.c.session_id])
-        ).returning(t.c.id)
-        return session.execute(stmt).first() is not None
+        return session.execute(_insert_message_statement(), values).first() is not None
 
     @classmethod
     def by_session(cls, session: Session, session_id: uuid.UUID) -> ThreadMessage | None:

@@ -20,6 +20,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from memory_core.artifacts import derive_artifacts
 from memory_core.context import Exchange
 from memory_core.conversation_memory import RedisConversationMemory
+from memory_core.db import retry_on_disconnect
 from memory_core.fold_publisher import publish_fold
 from memory_core.models import ConversationThread, SeqClaim, ThreadMessage
 from memory_core.snapshot import TurnSnapshot
@@ -86,7 +87,7 @@ def save_session_to_thread_safe(
     memory = memory or RedisConversationMemory()
     turn = _exchange(snap, seq=0)
     try:
-        claim = _write_turn(snap, turn, memory)
+        claim = retry_on_disconnect(lambda: _write_turn(snap, turn, memory))
     except _Abort as abort:
         log.info("memory.finalize_" + abort.status, reason=abort.reason, **ids)
         return SaveOutcome(abort.status, tid, sid, reason=abort.reason)
@@ -107,7 +108,8 @@ def save_session_to_thread_safe(
 
 
 def _write_turn(snap: TurnSnapshot, turn: Exchange, memory: RedisConversationMemory) -> SeqClaim:
-    with memory.session_factory() as session:
+    # A Core connection, not an ORM session: the hot path only binds two prebuilt statements.
+    with memory.engine.begin() as session:
         claim = ConversationThread.claim_next_seq(
             session,
             thread_id=snap.thread_id,

@@ -38,6 +38,9 @@ class Settings(BaseSettings):
     # None means 2 x compression_threshold (the documented minimum).
     memory_max_unfolded_messages: int | None = None
 
+    # Parsed contexts kept per process, keyed by the working copy's version (0 disables).
+    memory_local_cache_size: int = Field(default=1024, ge=0)
+
     # Folding: a fold queued this long ago and not yet run is considered lost and
     # may be re-published by the next finalize on the thread.
     memory_fold_republish_grace_s: int = Field(default=300, ge=1)

@@ -23,6 +23,7 @@ they stay in Postgres and the next fold covers them) and refresh the TTL of both
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import Sequence
 from uuid import UUID
 
@@ -36,6 +37,10 @@ local mode, owner = ARGV[1], ARGV[2]
 local through, last = tonumber(ARGV[4]), tonumber(ARGV[5])
 local ttl, cap = tonumber(ARGV[6]), tonumber(ARGV[7])
 local exists = redis.call('EXISTS', meta) == 1
+if not exists and mode == 'merge' then
+  -- A fresh copy starts at a random version so a re-created copy never repeats an old one.
+  redis.call('HSET', meta, 'v', ARGV[8])
+end
 local cur_through, cur_last = -1, 0
 if exists then
   if redis.call('HGET', meta, 'owner') ~= owner then return 'owner' end
@@ -47,7 +52,7 @@ end
 local add_rows = true
 if mode == 'append' then
   if through > cur_through then return 'stale' end
-  local s = tonumber(ARGV[8])
+  local s = tonumber(ARGV[9])
   if s > cur_last + 1 then return 'gap' end
   add_rows = s == cur_last + 1
 elseif through > cur_through then
@@ -56,7 +61,7 @@ elseif through > cur_through then
   cur_through = through
 end
 if add_rows then
-  for i = 8, #ARGV, 2 do
+  for i = 9, #ARGV, 2 do
     local s = tonumber(ARGV[i])
     if s > cur_through and redis.call('ZCOUNT', turns, s, s) == 0 then
       redis.call('ZADD', turns, s, ARGV[i + 1])
@@ -68,9 +73,21 @@ redis.call('ZREMRANGEBYRANK', turns, 0, -(cap + 1))
 if last > cur_last then cur_last = last end
 if cur_through > cur_last then cur_last = cur_through end
 redis.call('HSET', meta, 'owner', owner, 'last', cur_last)
+redis.call('HINCRBY', meta, 'v', 1)
 redis.call('PEXPIRE', meta, ttl)
 redis.call('PEXPIRE', turns, ttl)
 return 'ok'
+"""
+
+# One round trip for a hit. With the version a process last parsed, an unchanged copy answers
+# just 'same' + owner, so the caller can reuse its parsed context instead of re-validating.
+_READ = """
+local v = redis.call('HGET', KEYS[1], 'v')
+if not v then return {} end
+if ARGV[1] ~= '' and v == ARGV[1] then
+  return {'same', redis.call('HGET', KEYS[1], 'owner')}
+end
+return {'full', redis.call('HGETALL', KEYS[1]), redis.call('ZRANGE', KEYS[2], 0, -1)}
 """
 
 
@@ -83,6 +100,7 @@ class WorkingCopy:
         self.ttl_ms = ttl_ms
         self.cap = cap
         self._write = client.register_script(_WRITE)
+        self._read = client.register_script(_READ)
 
     def keys(self, thread_id: UUID | str) -> tuple[str, str]:
         tag = f"{self.key_prefix}:{{{thread_id}}}"
@@ -90,38 +108,51 @@ class WorkingCopy:
 
     def append(self, thread_id: UUID, owner_id: str, through: int, turn: Exchange) -> str:
         """Add one just-committed turn; `through` is the summary cursor Postgres returned."""
-        args: list[str | int] = ["append", owner_id, "", through, turn.seq, self.ttl_ms, self.cap]
-        args += [turn.seq, turn.model_dump_json()]
-        return self._run(thread_id, args)
+        return self._run(thread_id, self.append_args(owner_id, through, turn))
 
     def merge(self, owner_id: str, ctx: ConversationContext, last_seq: int) -> str:
         """Union a complete snapshot (Postgres as of some commit) into the copy."""
+        return self._run(ctx.thread_id, self.merge_args(owner_id, ctx, last_seq))
+
+    def append_args(self, owner_id: str, through: int, turn: Exchange) -> list[str | int]:
+        """ARGV of the write script for an append (public for the benchmark's raw side)."""
+        head: list[str | int] = ["append", owner_id, "", through, turn.seq, self.ttl_ms, self.cap]
+        return [*head, 0, turn.seq, turn.model_dump_json()]
+
+    def merge_args(self, owner_id: str, ctx: ConversationContext, last_seq: int) -> list[str | int]:
         summary = "" if ctx.summary is None else "s" + ctx.summary
-        args: list[str | int] = [
-            "merge",
-            owner_id,
-            summary,
-            ctx.summary_through_seq,
-            last_seq,
-            self.ttl_ms,
-            self.cap,
-        ]
+        args: list[str | int] = ["merge", owner_id, summary, ctx.summary_through_seq, last_seq]
+        args += [self.ttl_ms, self.cap, secrets.randbits(48)]
         for turn in ctx.recent:
             args += [turn.seq, turn.model_dump_json()]
-        return self._run(ctx.thread_id, args)
+        return args
 
     def _run(self, thread_id: UUID, args: Sequence[str | int]) -> str:
         result = self._write(keys=self.keys(thread_id), args=list(args))
         return result.decode() if isinstance(result, bytes) else str(result)
 
     def read(self, thread_id: UUID) -> tuple[dict[bytes, bytes], list[bytes]]:
-        """Meta hash and turn members, atomically, in one round trip."""
-        meta_key, turns_key = self.keys(thread_id)
-        pipe = self.client.pipeline(transaction=True)
-        pipe.hgetall(meta_key)
-        pipe.zrange(turns_key, 0, -1)
-        meta, members = pipe.execute()
-        return meta, members
+        """Meta hash and turn members, atomically, in one round trip ({} when absent)."""
+        found = self.read_if_changed(thread_id, None)
+        if found is None:
+            return {}, []
+        return found[1], found[2] or []
+
+    def read_if_changed(
+        self, thread_id: UUID, known_version: bytes | None
+    ) -> tuple[bytes, dict[bytes, bytes], list[bytes] | None] | None:
+        """(version, meta, members); members is None when the copy is still `known_version`.
+
+        Returns None when there is no copy. One EVALSHA either way.
+        """
+        reply = self._read(keys=self.keys(thread_id), args=[known_version or ""])
+        if not reply:
+            return None
+        if reply[0] == b"same":
+            return known_version or b"", {b"owner": reply[1]}, None
+        flat = reply[1]
+        meta = dict(zip(flat[::2], flat[1::2], strict=True))
+        return meta[b"v"], meta, reply[2]
 
     def delete(self, thread_id: UUID) -> None:
         self.client.delete(*self.keys(thread_id))

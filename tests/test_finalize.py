@@ -144,21 +144,12 @@ def test_stranger_cannot_write_into_a_thread(memory: RedisConversationMemory) ->
 
 
 def test_postgres_down_reports_failed_not_saved(redis_client) -> None:  # type: ignore[no-untyped-def]
-    from contextlib import contextmanager
-
     from sqlalchemy import create_engine
-    from sqlalchemy.orm import Session
 
     dead = create_engine(
         "postgresql+psycopg2://postgres@127.0.0.1:1/x", connect_args={"connect_timeout": 1}
     )
-
-    @contextmanager
-    def dead_session():  # type: ignore[no-untyped-def]
-        with Session(dead) as s, s.begin():
-            yield s
-
-    memory = RedisConversationMemory(redis_client, session_factory=dead_session)
+    memory = RedisConversationMemory(redis_client, engine=dead)
     tid = uuid.uuid4()
     out = save_session_to_thread_safe(make_snapshot(tid, 1), memory=memory)
     assert out.status == "failed" and out.retryable and "postgres" in out.reason
@@ -193,3 +184,28 @@ def test_every_key_has_a_ttl(redis_client, ttl_hours: float) -> None:  # type: i
     for key in keys:
         ttl = redis_client.pttl(key)
         assert 0 < ttl <= ttl_hours * 3_600_000
+
+
+def test_pooled_connections_killed_by_postgres_are_replaced(
+    memory: RedisConversationMemory,
+) -> None:
+    """After a Postgres restart the pool holds dead connections: the next call still works."""
+    from sqlalchemy import create_engine, text
+
+    tid = uuid.uuid4()
+    assert save_session_to_thread_safe(make_snapshot(tid, 1), memory=memory).ok
+    admin = create_engine(memory.engine.url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        killed = conn.execute(
+            text(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+                "AND application_name = 'agent-memory'"
+            )
+        ).scalar()
+    admin.dispose()
+    assert killed and killed >= 1
+    out = save_session_to_thread_safe(make_snapshot(tid, 2), memory=memory)
+    assert (out.status, out.seq) == ("saved", 2)
+    memory.invalidate(tid)
+    assert [e.seq for e in memory.get_context(tid, "user-42").recent] == [1, 2]

@@ -127,3 +127,22 @@ def test_constructor_arguments_override_settings(redis_client, monkeypatch) -> N
     assert (m2.ttl_hours, m2.compression_threshold, m2.max_unfolded_messages) == (5, 30, 60)
     with pytest.raises(ValueError, match="at least 2 x"):
         RedisConversationMemory(redis_client, max_unfolded_messages=10)
+
+
+def test_parsed_context_cache_never_serves_a_changed_copy(redis_client) -> None:  # type: ignore[no-untyped-def]
+    reader = RedisConversationMemory(redis_client)  # e.g. an agent API process
+    writer = RedisConversationMemory(redis_client, local_cache_size=0)  # e.g. a worker
+    tid = _thread(writer, 3)
+    first = reader.get_context(tid, "user-42")
+    assert reader.get_context(tid, "user-42") is first  # unchanged copy: the parsed object
+    save_session_to_thread_safe(make_snapshot(tid, 4), memory=writer)
+    second = reader.get_context(tid, "user-42")
+    assert [e.seq for e in second.recent] == [1, 2, 3, 4]
+    # A copy that expired and was rebuilt gets a fresh random version, never an old one.
+    writer.invalidate(tid)
+    _set_summary(tid, "rebuilt with a summary", through=2)
+    writer.get_context(tid, "user-42")
+    third = reader.get_context(tid, "user-42")
+    assert third.summary == "rebuilt with a summary" and [e.seq for e in third.recent] == [3, 4]
+    with pytest.raises(ThreadNotFound):
+        reader.get_context(tid, "mallory")
