@@ -179,6 +179,8 @@ def test_bootstrap_services_exports_effective_urls(
     servers: DevServices, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(_services, "TEST_DATA_DIR", tmp_path)
+    # Not this session's own database: the cleanup below drops it.
+    monkeypatch.setattr(_services, "TEST_DATABASE", f"am_boot_{uuid.uuid4().hex[:8]}")
     os.environ["DATABASE_URL"] = servers.database_url
     os.environ["REDIS_URL"] = servers.redis_url
     os.environ.pop("CELERY_BROKER_URL", None)
