@@ -304,3 +304,29 @@ def test_without_llm_the_fold_is_llm_free_and_deterministic(redis_client) -> Non
         summaries.append(row.summary)
     assert summaries[0] == summaries[1]
     assert "excluding returns" in (summaries[0] or "").lower()
+
+
+def test_a_lost_retry_is_republished_by_a_later_finalize_once(redis_client, llm) -> None:  # type: ignore[no-untyped-def]
+    from datetime import timedelta
+
+    s = _settings(llm)
+    memory = _memory(redis_client, s)
+    folder = Folder(memory, ConversationSummarizer(s))
+    tid = uuid.uuid4()
+    outs = [save_session_to_thread_safe(make_snapshot(tid, n), memory=memory) for n in range(1, 22)]
+    assert [o.seq for o in outs if o.fold_published] == [21]
+    llm.set_mode("500")
+    assert folder.fold(tid).status == "failed"  # retry due in 60 s, carried by Celery
+    # While the retry is pending, finalizes do not stack more folds.
+    assert not save_session_to_thread_safe(make_snapshot(tid, 22), memory=memory).fold_published
+    # The retry message is lost (say, its worker host died): once it is overdue by more than
+    # the grace period, the next finalize publishes the fold again, and only that one does.
+    grace = s.memory_fold_republish_grace_s
+    with session_scope() as sess:
+        sess.execute(
+            update(ConversationThread)
+            .where(ConversationThread.id == tid)
+            .values(fold_due_at=datetime.now(UTC) - timedelta(seconds=grace + 5))
+        )
+    assert save_session_to_thread_safe(make_snapshot(tid, 23), memory=memory).fold_published
+    assert not save_session_to_thread_safe(make_snapshot(tid, 24), memory=memory).fold_published

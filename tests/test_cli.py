@@ -1,0 +1,101 @@
+"""`agent-memory` commands as a user runs them: output, and one-line errors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from memory_core import RedisConversationMemory, save_session_to_thread_safe
+from memory_core.events import emit_event
+from tests.conftest import make_snapshot
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "memory_core.cli", *args],
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        [],
+        ["migrate"],
+        ["worker"],
+        ["flower"],
+        ["demo"],
+        ["context"],
+        ["threads"],
+        ["events", "tail"],
+        ["bench", "core"],
+    ],
+)
+def test_every_command_has_help(command: list[str]) -> None:
+    out = run(*command, "--help")
+    assert out.returncode == 0 and "Usage:" in out.stdout
+
+
+def test_context_threads_and_strangers(memory: RedisConversationMemory) -> None:
+    owner = f"cli-{uuid.uuid4().hex[:6]}"
+    tid = uuid.uuid4()
+    for n in (1, 2):
+        save_session_to_thread_safe(make_snapshot(tid, n, owner_id=owner), memory=memory)
+    out = run("context", str(tid), "--owner", owner, "--focus", "sql")
+    assert out.returncode == 0
+    assert "[#2] User: Revenue by region for 2002" in out.stdout
+    assert "SQL:\nSELECT region, SUM(revenue)" in out.stdout
+    listed = run("threads", "--owner", owner)
+    assert listed.returncode == 0 and str(tid) in listed.stdout and "2 turns" in listed.stdout
+    stranger = run("context", str(tid), "--owner", "mallory")
+    unknown = run("context", str(uuid.uuid4()), "--owner", "mallory")
+    assert stranger.returncode == unknown.returncode == 1
+    assert stranger.stderr == f"error: thread {tid} not found\n"
+    assert "Traceback" not in stranger.stderr + unknown.stderr
+    assert str(tid) not in run("threads", "--owner", "mallory").stdout
+    bad_focus = run("context", str(tid), "--owner", owner, "--focus", "charts")
+    assert bad_focus.returncode == 1 and "--focus must be one of" in bad_focus.stderr
+
+
+def test_unreachable_database_is_one_clear_line() -> None:
+    out = run("threads", "--owner", "x", env={"DATABASE_URL": "postgresql://u@127.0.0.1:1/x"})
+    assert out.returncode == 1
+    assert out.stderr.startswith(
+        "error: cannot reach Postgres at postgresql+psycopg2://u@127.0.0.1:1/x"
+    )
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_events_tail_plain_and_with_a_group(redis_client) -> None:  # type: ignore[no-untyped-def]
+    stream = f"memory:events:cli:{uuid.uuid4().hex[:6]}"
+    tid = str(uuid.uuid4())
+    for attempt in (1, 2):
+        emit_event(
+            redis_client,
+            "memory_summarization_failed",
+            thread_id=tid,
+            attempt=attempt,
+            error="LLM HTTP 500",
+            retry_in_s=60 * attempt,
+            stream=stream,
+        )
+    env = {"MEMORY_EVENTS_STREAM": stream}
+    plain = run("events", "tail", env=env)
+    assert plain.returncode == 0 and plain.stdout.count("memory_summarization_failed") == 2
+    grouped = run("events", "tail", "--group", "ops", "--consumer", "c1", env=env)
+    assert grouped.stdout.count(tid) == 2
+    again = run("events", "tail", "--group", "ops", "--consumer", "c1", env=env)
+    assert again.returncode == 0 and tid not in again.stdout  # acked: not delivered twice
+    redis_client.delete(stream)
