@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
 from collections.abc import Callable
 from functools import wraps
 from typing import Annotated, Any, TypeVar
@@ -85,10 +87,11 @@ def worker(
     concurrency: Annotated[int, typer.Option("--concurrency", "-c")] = 2,
     loglevel: Annotated[str, typer.Option("--loglevel", "-l")] = "INFO",
     hostname: Annotated[str | None, typer.Option("--hostname", "-n")] = None,
+    metrics_port: Annotated[
+        int | None, typer.Option(help="Serve memory metrics (Prometheus) on this port.")
+    ] = None,
 ) -> None:
     """Start a Celery worker on the memory queues (prefetch 1 when it serves memory.fold)."""
-    from workers.app import app as celery_app
-
     wanted = [q.strip() for q in queues.split(",") if q.strip()]
     unknown = set(wanted) - set(QUEUES.split(","))
     if not wanted or unknown:
@@ -96,6 +99,11 @@ def worker(
     # Folds are long LLM calls: never let one worker hoard them. Finalize jobs are short.
     prefetch = 1 if "memory.fold" in wanted else 4
     argv = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "workers.app",
         "worker",
         "-Q",
         ",".join(wanted),
@@ -109,7 +117,13 @@ def worker(
     ]
     if hostname:
         argv += ["-n", hostname]
-    celery_app.worker_main(argv)
+    env = dict(os.environ)
+    if metrics_port is not None:
+        # prometheus_client's multiprocess mode must be on before it is first imported:
+        # hence a fresh process (exec) with the directory set. workers.app serves the port.
+        env["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="agent-memory-metrics-")
+        env["MEMORY_METRICS_PORT"] = str(metrics_port)
+    os.execvpe(sys.executable, argv, env)  # noqa: S606 - replaces this process on purpose
 
 
 @app.command()

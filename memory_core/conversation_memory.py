@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 
 from memory_core.context import ConversationContext, Exchange
 from memory_core.db import get_engine, retry_on_disconnect, session_scope
+from memory_core.metrics import CACHE_READS, REHYDRATIONS
 from memory_core.models import ConversationThread
 from memory_core.redis_client import get_redis
 from memory_core.settings import Settings, get_settings
@@ -97,7 +98,9 @@ class RedisConversationMemory:
             found = self.copy.read_if_changed(tid, known[0] if known else None)
         except REDIS_ERRORS as exc:
             log.warning("memory.cache_unavailable", thread_id=str(tid), error=str(exc))
+            CACHE_READS.labels("unavailable").inc()
             return self._load(tid, owner_id)
+        CACHE_READS.labels("miss" if found is None else "hit").inc()
         if found is not None:
             version, meta, members = found
             if meta.get(b"owner", b"").decode() != owner_id:
@@ -107,15 +110,14 @@ class RedisConversationMemory:
             ctx = context_from_copy(tid, meta, members or [])
             self._parsed.put(tid, (version, ctx))
             return ctx
-        ctx, last_seq = self._load_with_last(tid, owner_id)
-        self._store(owner_id, ctx, last_seq)
-        return ctx
+        return self.rehydrate(tid, owner_id)
 
     def rehydrate(self, thread_id: UUID | str, owner_id: str) -> ConversationContext:
         """Rebuild the working copy from Postgres (the stored summary + unfolded turns)."""
         tid = _as_uuid(thread_id)
         ctx, last_seq = self._load_with_last(tid, owner_id)
         self._store(owner_id, ctx, last_seq)
+        REHYDRATIONS.inc()
         return ctx
 
     def _load(self, tid: UUID, owner_id: str) -> ConversationContext:

@@ -14,6 +14,7 @@ turns that arrived meanwhile stay unfolded.
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Literal, Protocol
@@ -24,6 +25,7 @@ from sqlalchemy.orm import Session
 
 from memory_core.context import ConversationContext, Exchange
 from memory_core.conversation_memory import REDIS_ERRORS, RedisConversationMemory
+from memory_core.metrics import FOLD_SECONDS, FOLDS, LLM_TOKENS
 from memory_core.models import ConversationThread, ThreadMessage
 
 log = structlog.get_logger(__name__)
@@ -106,7 +108,15 @@ class Folder:
         self.settings = memory.settings
 
     def fold(self, thread_id: str | uuid.UUID) -> FoldOutcome:
-        tid = uuid.UUID(str(thread_id))
+        """One fold attempt; never raises for LLM trouble (that is a `failed` outcome)."""
+        started = time.perf_counter()
+        outcome = self._fold(uuid.UUID(str(thread_id)))
+        FOLDS.labels(outcome.status).inc()
+        if outcome.status in ("folded", "failed"):
+            FOLD_SECONDS.observe(time.perf_counter() - started)
+        return outcome
+
+    def _fold(self, tid: uuid.UUID) -> FoldOutcome:
         token = uuid.uuid4()
         with self.memory.session_factory() as session:
             lease = self._take_lease(session, tid, token)
@@ -128,6 +138,8 @@ class Folder:
             )
         except Exception as exc:  # any summarizer failure counts as a failed attempt
             return self._failed(tid, token, turns, exc)
+        for kind in ("input", "output"):
+            LLM_TOKENS.labels(kind).inc(getattr(result, f"{kind}_tokens", None) or 0)
         new_summary = result.text.strip() + artifact_tail(turns)
         with self.memory.session_factory() as session:
             won = self._compare_and_set(

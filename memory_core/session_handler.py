@@ -22,6 +22,7 @@ from memory_core.context import Exchange
 from memory_core.conversation_memory import RedisConversationMemory
 from memory_core.db import retry_on_disconnect
 from memory_core.fold_publisher import publish_fold
+from memory_core.metrics import FINALIZE
 from memory_core.models import ConversationThread, SeqClaim, ThreadMessage
 from memory_core.snapshot import TurnSnapshot
 
@@ -81,6 +82,7 @@ def save_session_to_thread_safe(
     except ValidationError as exc:
         reason = format_validation_error(exc)
         log.warning("memory.finalize_rejected", reason=reason)
+        FINALIZE.labels("rejected").inc()
         return SaveOutcome("rejected", reason=reason)
     tid, sid = str(snap.thread_id), str(snap.session_id)
     ids = {"thread_id": tid, "session_id": sid}
@@ -90,9 +92,11 @@ def save_session_to_thread_safe(
         claim = retry_on_disconnect(lambda: _write_turn(snap, turn, memory))
     except _Abort as abort:
         log.info("memory.finalize_" + abort.status, reason=abort.reason, **ids)
+        FINALIZE.labels(abort.status).inc()
         return SaveOutcome(abort.status, tid, sid, reason=abort.reason)
     except (SQLAlchemyError, OSError) as exc:
         log.error("memory.finalize_failed", error=repr(exc), **ids)
+        FINALIZE.labels("failed").inc()
         return SaveOutcome("failed", tid, sid, reason=f"postgres: {exc}", retryable=True)
     cache = memory.record_turn(
         snap.owner_id,
@@ -103,6 +107,7 @@ def save_session_to_thread_safe(
     published = claim.fold_requested and publish_fold(
         snap.thread_id, memory.settings.celery_broker_url
     )
+    FINALIZE.labels("saved").inc()
     log.info("memory.finalize_saved", seq=claim.seq, cache=cache, fold_published=published, **ids)
     return SaveOutcome("saved", tid, sid, seq=claim.seq, cache=cache, fold_published=published)
 

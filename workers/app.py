@@ -15,10 +15,15 @@ Reliability settings and why:
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
 from celery import Celery
+from celery.signals import worker_init, worker_process_shutdown
 from kombu import Queue
 
 from memory_core.fold_publisher import FINALIZE_QUEUE, FINALIZE_TASK, FOLD_QUEUE, FOLD_TASK
+from memory_core.metrics import serve_worker_metrics
 from memory_core.settings import get_settings
 from workers.logging import configure_logging
 
@@ -77,6 +82,22 @@ def make_app() -> Celery:
         task_send_sent_event=True,
     )
     return app
+
+
+@worker_init.connect
+def _serve_metrics(**_: Any) -> None:
+    port = os.environ.get("MEMORY_METRICS_PORT")
+    if port:
+        s = get_settings()
+        serve_worker_metrics(int(port), s.database_url, s.memory_compression_threshold)
+
+
+@worker_process_shutdown.connect
+def _metrics_child_exit(pid: int | None = None, **_: Any) -> None:
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(pid or os.getpid())
 
 
 configure_logging()
