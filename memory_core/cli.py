@@ -118,6 +118,10 @@ def worker(
     if hostname:
         argv += ["-n", hostname]
     env = dict(os.environ)
+    # Celery starts its time-boxed soft shutdown (MEMORY_WORKER_SOFT_SHUTDOWN_S) only on a cold
+    # shutdown: map SIGTERM (what orchestrators send) to it, so running jobs get that long to
+    # finish and everything else the worker holds goes back to the queue.
+    env.setdefault("REMAP_SIGTERM", "SIGQUIT")
     if metrics_port is not None:
         # prometheus_client's multiprocess mode must be on before it is first imported:
         # hence a fresh process (exec) with the directory set. workers.app serves the port.

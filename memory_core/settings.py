@@ -56,7 +56,8 @@ class Settings(BaseSettings):
     memory_events_stream: str = "memory:events"
     memory_events_maxlen: int = Field(default=100_000, ge=100)
 
-    flower_basic_auth: str = "admin:change-me"
+    # user:password for Flower; no default, so `agent-memory flower` refuses to run without one.
+    flower_basic_auth: str = ""
 
     @field_validator("database_url")
     @classmethod

@@ -206,6 +206,9 @@ def _render(sections: dict[str, list[str]]) -> str:
     return "\n\n".join(parts)
 
 
+LLM_FREE_TARGET_TOKENS = 500
+
+
 def llm_free_fold(
     previous_summary: str | None, exchanges: Sequence[Exchange], max_tokens: int
 ) -> str:
@@ -284,7 +287,10 @@ class ConversationSummarizer:
             raise ValueError("summarize() needs at least one exchange")
         s = self.settings
         if not s.llm_configured:
-            text = llm_free_fold(previous_summary, exchanges, s.memory_summary_max_tokens)
+            # Extracted notes grow with every fold; keep them to a size that leaves views room
+            # for recent turns (an LLM condenses; this fold can only drop the oldest items).
+            bound = min(s.memory_summary_max_tokens, LLM_FREE_TARGET_TOKENS)
+            text = llm_free_fold(previous_summary, exchanges, bound)
             return SummaryResult(text, LLM_FREE_LABEL, None, None, None)
 
         previous = (previous_summary or "").strip() or "(none yet)"

@@ -30,9 +30,10 @@ def _with_db(url: str, db: int) -> str:
 
 def pytest_configure(config: pytest.Config) -> None:
     services = bootstrap_services(config)
-    # Test brokers live in their own Redis database (1-15, by pid, so concurrent sessions
-    # rarely share one) so queued test jobs never mix with anything else and can be purged.
-    os.environ["CELERY_BROKER_URL"] = _with_db(services.redis_url, 1 + os.getpid() % 15)
+    # Test brokers live in their own Redis database (3-15 by pid, so concurrent sessions rarely
+    # share one; 1-2 are left to the demo and developers): test jobs mix with nothing else
+    # and can be purged freely.
+    os.environ["CELERY_BROKER_URL"] = _with_db(services.redis_url, 3 + os.getpid() % 13)
     reset_settings_cache()
 
 

@@ -9,8 +9,10 @@ Reliability settings and why:
   The price: jobs held by a worker host that dies hard wait this long before redelivery
   (docs/OPERATIONS.md): at most visibility_timeout + unacked_restore_interval. Set in both
   transport-option dicts, as kombu reads each separately.
-* soft shutdown: on SIGTERM the worker finishes or hands back (requeues) what it holds within
-  `worker_soft_shutdown_timeout`, including ETA retries it is only waiting on.
+* soft shutdown: on SIGTERM (remapped to Celery's cold shutdown by `agent-memory worker`,
+  REMAP_SIGTERM=SIGQUIT) running jobs get `worker_soft_shutdown_timeout` to finish; then they
+  and everything else the worker holds (prefetched jobs, ETA retries it is only waiting on)
+  go back to the queue.
 """
 
 from __future__ import annotations

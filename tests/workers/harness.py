@@ -32,7 +32,13 @@ class WorkerProcess:
     ) -> None:
         self.name = f"w{uuid.uuid4().hex[:6]}@%h"
         self.log_path = tmp / f"{self.name.split('@')[0]}.log"
-        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        # REMAP_SIGTERM as `agent-memory worker` sets it: SIGTERM means the soft shutdown.
+        self.env = {
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            "REMAP_SIGTERM": "SIGQUIT",
+            **(env or {}),
+        }
         self.argv = [
             sys.executable,
             "-m",

@@ -156,3 +156,28 @@ def test_sigterm_hands_back_what_the_worker_holds(start_worker, agent, llm: Fake
     send_fold(agent, str(tid))  # not needed for durability: just speeds the test up
     third = start_worker(concurrency=1)
     wait_for(lambda: _thread_through(tid) == 11, 60, "the fold after restart", third.log)
+
+
+def test_sigterm_during_a_slow_fold_hands_the_fold_back(
+    start_worker, agent, llm: FakeLLMServer
+) -> None:  # type: ignore[no-untyped-def]
+    first = start_worker(
+        concurrency=1, env={"MEMORY_WORKER_SOFT_SHUTDOWN_S": "2", "MEMORY_FOLD_LEASE_S": "3"}
+    )
+    tid = uuid.uuid4()
+    for n in range(1, 21):
+        send_finalize(agent, make_snapshot(tid, n))
+    wait_for(lambda: _total([tid]) == 20, 60, "20 turns", first.log)
+    llm.delay_s = 9.0
+    llm.set_mode("timeout")  # a fold that will not finish within the soft shutdown
+    send_finalize(agent, make_snapshot(tid, 21))
+    wait_for(lambda: llm.calls >= 1, 60, "the fold's LLM call", first.log)
+    started = time.monotonic()
+    first.terminate(60)
+    # Exited after the 2 s soft shutdown instead of waiting for the 9 s LLM call.
+    assert time.monotonic() - started < 8
+    broker = redis.Redis.from_url(agent.conf.broker_url)
+    assert broker.hlen("unacked") == 0, "the fold must be back in the queue, not held"
+    llm.set_mode("ok")
+    second = start_worker(concurrency=1, env={"MEMORY_FOLD_LEASE_S": "3"})
+    wait_for(lambda: _thread_through(tid) == 11, 60, "the handed-back fold", second.log)

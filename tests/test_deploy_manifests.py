@@ -1,0 +1,528 @@
+"""docker-compose.yml, the Dockerfile and deploy/ (Kustomize), validated offline.
+
+No Docker engine or cluster is needed, nor the network:
+* compose: check-jsonschema against its bundled Compose Specification schema (run with a
+  dead HTTP proxy, so a schema download would fail), then structural assertions.
+* Kubernetes: kubernetes-validate (bundled OpenAPI-derived schemas, strict: unknown fields
+  fail) for every built-in kind. It has no schema for CRDs such as KEDA's ScaledObject and
+  its CLI only *warns* and exits 0 for them, so those are checked by assertions here.
+* Commands are parsed by the real `agent-memory` CLI (click), and every environment
+  variable name must be a field of memory_core.settings.Settings (or a listed exception).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from importlib import resources
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import kubernetes_validate
+import pytest
+import typer.main
+import yaml
+from kubernetes_validate.utils import all_versions
+
+from memory_core import cli
+from memory_core.settings import Settings
+
+REPO = Path(__file__).resolve().parents[1]
+COMPOSE_FILE = REPO / "docker-compose.yml"
+DOCKERFILE = REPO / "Dockerfile"
+DEPLOY = REPO / "deploy"
+KUSTOMIZATION = DEPLOY / "kustomization.yaml"
+
+# A version the installed kubernetes-validate bundles (it ships 1.25 .. its own version).
+K8S_VERSION = "1.30.0"
+WORKER_QUEUES = {"finalize": "memory.finalize", "fold": "memory.fold"}
+SETTINGS_ENV = {name.upper() for name in Settings.model_fields}
+# Environment variables that are deliberately not app settings, and who reads them.
+NOT_SETTINGS = {
+    "REMAP_SIGTERM": "billiard: SIGTERM starts Celery's soft shutdown instead of a warm one",
+    "POD_NAME": "Kubernetes downward API: the worker's Celery node name",
+    "KEDA_REDIS_ADDRESS": "KEDA's redis scaler (addressFromEnv)",
+    "KEDA_REDIS_PASSWORD": "KEDA's redis scaler (passwordFromEnv)",
+}
+# Credentials (or URLs that carry them): the Secret, never the ConfigMap.
+SECRET_NAMES = {
+    "DATABASE_URL",
+    "REDIS_URL",
+    "CELERY_BROKER_URL",
+    "OPENAI_API_KEY",
+    "LANGFUSE_PUBLIC_KEY",
+    "LANGFUSE_SECRET_KEY",
+    "FLOWER_BASIC_AUTH",
+    "KEDA_REDIS_PASSWORD",
+}
+# Any attempt to download something goes to a port where nothing listens.
+NO_NETWORK_ENV = {
+    **os.environ,
+    "HTTP_PROXY": "http://127.0.0.1:9",
+    "HTTPS_PROXY": "http://127.0.0.1:9",
+    "http_proxy": "http://127.0.0.1:9",
+    "https_proxy": "http://127.0.0.1:9",
+    "NO_PROXY": "",
+    "no_proxy": "",
+}
+DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
+
+
+def soft_shutdown_default() -> float:
+    return float(Settings.model_fields["memory_worker_soft_shutdown_s"].default)
+
+
+def seconds(duration: str) -> int:
+    m = DURATION.match(duration)
+    assert m and any(m.groups()), f"not a compose duration: {duration!r}"
+    h, mi, s = (int(g or 0) for g in m.groups())
+    return h * 3600 + mi * 60 + s
+
+
+def after(args: list[str], flag: str) -> str:
+    assert flag in args, f"{flag} missing in {args}"
+    return args[args.index(flag) + 1]
+
+
+def cli_params(argv: list[str]) -> dict[str, Any]:
+    """Parse `agent-memory ARGV` with the real CLI (no invocation): option typos fail here."""
+    commands = typer.main.get_command(cli.app).commands  # type: ignore[attr-defined]
+    name, *rest = argv
+    assert name in commands, f"agent-memory has no command {name!r}"
+    with commands[name].make_context(name, list(rest)) as ctx:
+        return dict(ctx.params)
+
+
+def check_env_names(names: set[str], where: str) -> None:
+    unknown = names - SETTINGS_ENV - set(NOT_SETTINGS)
+    assert not unknown, f"{where}: not fields of memory_core.settings.Settings: {unknown}"
+
+
+def settings_from(values: dict[str, Any]) -> Settings:
+    """Settings built from these env values only (types and validators apply)."""
+    known = {k.lower(): v for k, v in values.items() if k in SETTINGS_ENV and v is not None}
+    return Settings(_env_file=None, **known)
+
+
+# --------------------------------------------------------------------------------- compose
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    return yaml.safe_load(COMPOSE_FILE.read_text())
+
+
+def app_services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {
+        name: svc
+        for name, svc in compose["services"].items()
+        if str(svc.get("image", "")).startswith("agent-memory")
+    }
+
+
+def run_check_jsonschema(path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "check_jsonschema",
+            "--builtin-schema",
+            "vendor.compose-spec",
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        env=NO_NETWORK_ENV,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_compose_schema_is_bundled() -> None:
+    schema = resources.files("check_jsonschema.builtin_schemas.vendor") / "compose-spec.json"
+    assert schema.is_file()
+
+
+def test_compose_file_matches_the_compose_spec(tmp_path: Path) -> None:
+    result = run_check_jsonschema(COMPOSE_FILE)
+    assert result.returncode == 0, result.stdout + result.stderr
+    # The validator really validates: a misspelt service key is rejected.
+    broken = tmp_path / "docker-compose.yml"
+    broken.write_text(COMPOSE_FILE.read_text().replace("stop_grace_period:", "stop_grace:"))
+    result = run_check_jsonschema(broken)
+    assert result.returncode != 0
+    assert "stop_grace" in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("short", sorted(WORKER_QUEUES))
+def test_compose_worker_per_queue(compose: dict[str, Any], short: str) -> None:
+    svc = compose["services"][f"worker-{short}"]
+    params = cli_params(svc["command"])
+    assert params["queues"] == WORKER_QUEUES[short]
+    assert params["concurrency"] >= 1
+    # `docker compose up --scale worker-...=N`: no fixed name, no host port.
+    assert "container_name" not in svc
+    assert "ports" not in svc
+    assert svc["restart"] in {"unless-stopped", "always", "on-failure"}
+    assert svc["depends_on"] == {
+        "migrate": {"condition": "service_completed_successfully"},
+        "redis": {"condition": "service_healthy"},
+        "postgres": {"condition": "service_healthy"},
+    }
+    env = svc["environment"]
+    assert env["REMAP_SIGTERM"] == "SIGQUIT"
+    soft = float(env.get("MEMORY_WORKER_SOFT_SHUTDOWN_S") or soft_shutdown_default())
+    assert seconds(svc["stop_grace_period"]) > soft + 5
+    probe = " ".join(svc["healthcheck"]["test"])
+    assert "celery -A workers.app inspect ping" in probe
+    assert "celery@$$HOSTNAME" in probe  # $$: compose escape, the shell expands it
+
+
+def test_compose_worker_queues_cover_both_queues(compose: dict[str, Any]) -> None:
+    served = {
+        cli_params(svc["command"])["queues"]
+        for svc in app_services(compose).values()
+        if svc["command"][0] == "worker"
+    }
+    assert served == set(WORKER_QUEUES.values())
+
+
+def test_compose_redis_is_durable_and_never_evicts(compose: dict[str, Any]) -> None:
+    redis = compose["services"]["redis"]
+    cmd = [str(a) for a in redis["command"]]
+    assert cmd[0] == "redis-server"
+    assert after(cmd, "--appendonly") == "yes"
+    assert after(cmd, "--maxmemory-policy") == "noeviction"
+    assert after(cmd, "--maxmemory")  # noeviction means nothing without a limit
+    assert redis["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"]
+    assert any(v.endswith(":/data") for v in redis["volumes"])
+
+
+def test_compose_postgres_and_migrate(compose: dict[str, Any]) -> None:
+    pg = compose["services"]["postgres"]
+    assert "pg_isready" in " ".join(pg["healthcheck"]["test"])
+    assert any(v.endswith(":/var/lib/postgresql/data") for v in pg["volumes"])
+    migrate = compose["services"]["migrate"]
+    assert migrate["command"] == ["migrate"]
+    assert cli_params(migrate["command"]) == {"revision": "head"}
+    assert migrate["restart"] == "no"
+    assert migrate["depends_on"] == {"postgres": {"condition": "service_healthy"}}
+    assert set(compose["volumes"]) >= {"pgdata", "redisdata"}
+
+
+def test_compose_flower(compose: dict[str, Any]) -> None:
+    flower = compose["services"]["flower"]
+    params = cli_params(flower["command"])
+    assert (params["address"], params["port"]) == ("0.0.0.0", 5555)
+    # Required from the environment: no default credentials.
+    assert re.fullmatch(
+        r"\$\{FLOWER_BASIC_AUTH:\?[^}]+\}", flower["environment"]["FLOWER_BASIC_AUTH"]
+    )
+    assert flower["depends_on"]["redis"] == {"condition": "service_healthy"}
+    assert any(str(p).endswith(":5555") for p in flower["ports"])
+
+
+def test_compose_env_names_are_settings(compose: dict[str, Any]) -> None:
+    services = app_services(compose)
+    assert set(services) == {"migrate", "worker-finalize", "worker-fold", "flower"}
+    for name, svc in services.items():
+        env = svc["environment"]
+        check_env_names(set(env), f"docker-compose.yml service {name}")
+        assert {"DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL"} <= set(env)
+        # The values compose does not interpolate are valid settings as they stand.
+        fixed = {k: v for k, v in env.items() if v is not None and "${" not in str(v)}
+        settings_from(fixed)
+    anchor = compose["x-app-env"]
+    assert {"OPENAI_BASE_URL", "OPENAI_API_KEY", "LANGFUSE_PUBLIC_KEY"} <= set(anchor)
+    # Optional values are passed through (null), never as "" (OPENAI_BASE_URL="" is not unset).
+    assert all(v != "" for v in anchor.values())
+
+
+# ------------------------------------------------------------------------------ Dockerfile
+
+
+def test_dockerfile() -> None:
+    lines = [ln.strip() for ln in DOCKERFILE.read_text().splitlines()]
+    assert "FROM python:3.11-slim" in lines
+    assert 'ENTRYPOINT ["agent-memory"]' in lines
+    user = next(ln.split()[1] for ln in lines if ln.startswith("USER "))
+    assert user.isdigit() and int(user) != 0  # numeric: runAsNonRoot can check it
+    text = DOCKERFILE.read_text()
+    assert "pip install /src" in text and "COPY migrations /src/migrations" in text
+
+
+def test_wheel_ships_the_migrations(tmp_path: Path) -> None:
+    """The image installs the wheel: `agent-memory migrate` needs migrations/ inside it."""
+    import subprocess
+    import sys
+    import zipfile
+
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path),
+            str(REPO),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    (wheel,) = tmp_path.glob("agent_memory-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {"migrations/env.py", "migrations/alembic.ini", "migrations/script.py.mako"} <= names
+    assert any(n.startswith("migrations/versions/2") for n in names)
+
+
+# ------------------------------------------------------------------------------ Kubernetes
+
+
+def load_manifests() -> list[tuple[str, dict[str, Any]]]:
+    docs = []
+    for path in sorted(DEPLOY.glob("*.yaml")):
+        if path == KUSTOMIZATION:
+            continue
+        docs += [(path.name, d) for d in yaml.safe_load_all(path.read_text()) if d]
+    return docs
+
+
+MANIFESTS = load_manifests()
+
+
+def by_kind(kind: str) -> dict[str, dict[str, Any]]:
+    return {d["metadata"]["name"]: d for _, d in MANIFESTS if d["kind"] == kind}
+
+
+def one(kind: str) -> dict[str, Any]:
+    (doc,) = by_kind(kind).values()
+    return doc
+
+
+def container(workload: dict[str, Any]) -> dict[str, Any]:
+    (c,) = workload["spec"]["template"]["spec"]["containers"]
+    return c
+
+
+def argv(c: dict[str, Any]) -> list[str]:
+    return [*c.get("command", []), *c.get("args", [])]
+
+
+def config_and_secret() -> tuple[dict[str, str], dict[str, str]]:
+    return one("ConfigMap")["data"], one("Secret")["stringData"]
+
+
+def test_kustomization_lists_every_manifest() -> None:
+    k = yaml.safe_load(KUSTOMIZATION.read_text())
+    assert k["kind"] == "Kustomization"
+    files = {p.name for p in DEPLOY.glob("*.yaml")} - {KUSTOMIZATION.name}
+    assert set(k["resources"]) == files
+    (ns,) = by_kind("Namespace")
+    assert k["namespace"] == ns
+    assert all(d["metadata"]["namespace"] == ns for _, d in MANIFESTS if d["kind"] != "Namespace")
+    # The image every workload names is the one kustomize rewrites.
+    image_names = {i["name"] for i in k["images"]}
+    for _, d in MANIFESTS:
+        if d["kind"] in {"Deployment", "Job"}:
+            assert container(d)["image"] in image_names
+
+
+def test_k8s_version_is_bundled() -> None:
+    assert K8S_VERSION in all_versions()
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [d for _, d in MANIFESTS],
+    ids=[f"{f}:{d['kind']}/{d['metadata']['name']}" for f, d in MANIFESTS],
+)
+def test_manifest_validates(doc: dict[str, Any]) -> None:
+    if doc["apiVersion"].startswith("keda.sh/"):
+        # A CRD: kubernetes-validate has no schema (its CLI would only warn and pass).
+        # test_keda_scaled_objects checks these structurally.
+        with pytest.raises(kubernetes_validate.SchemaNotFoundError):
+            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+        return
+    kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_strict_validation_rejects_a_misspelt_field() -> None:
+    doc = yaml.safe_load((DEPLOY / "worker-fold.yaml").read_text())
+    spec = doc["spec"]["template"]["spec"]
+    spec["terminationGracePeriodSecond"] = spec.pop("terminationGracePeriodSeconds")
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("short", sorted(WORKER_QUEUES))
+def test_worker_deployment(short: str) -> None:
+    dep = by_kind("Deployment")[f"agent-memory-worker-{short}"]
+    pod = dep["spec"]["template"]["spec"]
+    c = container(dep)
+    cmd = argv(c)
+    assert cmd[0] == "agent-memory"
+    params = cli_params(cmd[1:])
+    assert params["queues"] == WORKER_QUEUES[short]
+    assert params["concurrency"] >= 1
+    # KEDA's HPA owns the replica count: a fixed one would be reset on every apply.
+    assert "replicas" not in dep["spec"]
+
+    # The node name is the pod name, expanded by Kubernetes from an env var it defines.
+    env = {e["name"]: e for e in c["env"]}
+    m = re.fullmatch(r"celery@\$\((\w+)\)", params["hostname"])
+    assert m, params["hostname"]
+    var = m.group(1)
+    assert env[var]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env["REMAP_SIGTERM"]["value"] == "SIGQUIT"
+
+    # Liveness: a remote-control ping to exactly this node, the variable expanded by sh.
+    probe = c["livenessProbe"]["exec"]["command"]
+    assert probe[:2] == ["sh", "-c"]
+    words = shlex.split(probe[2])
+    assert words[words.index("celery") + 1 : words.index("celery") + 5] == [
+        "-A",
+        "workers.app",
+        "inspect",
+        "ping",
+    ]
+    assert after(words, "-d") == f"celery@${{{var}}}"
+    assert c["livenessProbe"]["timeoutSeconds"] > float(after(words, "--timeout"))
+
+    configmap, _ = config_and_secret()
+    soft = float(configmap.get("MEMORY_WORKER_SOFT_SHUTDOWN_S", soft_shutdown_default()))
+    assert pod["terminationGracePeriodSeconds"] > soft + 5
+
+    res = c["resources"]
+    assert {"cpu", "memory"} <= set(res["requests"])
+    assert "memory" in res["limits"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+
+
+def test_migrate_job() -> None:
+    job = one("Job")
+    c = container(job)
+    assert argv(c) == ["agent-memory", "migrate"]
+    assert cli_params(argv(c)[1:]) == {"revision": "head"}
+    assert job["spec"]["backoffLimit"] >= 1
+    assert job["spec"]["template"]["spec"]["restartPolicy"] in {"Never", "OnFailure"}
+    assert job["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
+
+
+def test_flower_deployment_and_service() -> None:
+    dep = by_kind("Deployment")["agent-memory-flower"]
+    c = container(dep)
+    cmd = argv(c)
+    assert cmd[0] == "agent-memory"
+    params = cli_params(cmd[1:])
+    assert (params["address"], params["port"]) == ("0.0.0.0", 5555)
+    assert params["basic_auth"] is None  # from FLOWER_BASIC_AUTH, not the command line
+
+    secret = one("Secret")
+    env = {e["name"]: e for e in c["env"]}
+    ref = env["FLOWER_BASIC_AUTH"]["valueFrom"]["secretKeyRef"]
+    assert ref["name"] == secret["metadata"]["name"]
+    assert ":" in secret["stringData"][ref["key"]]  # user:password
+
+    (port,) = c["ports"]
+    assert port["containerPort"] == 5555
+    annotations = dep["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert annotations["prometheus.io/port"] == "5555"
+    assert annotations["prometheus.io/path"] == "/metrics"
+    assert c["readinessProbe"]["httpGet"]["path"] == "/healthcheck"
+
+    svc = by_kind("Service")["agent-memory-flower"]
+    (svc_port,) = svc["spec"]["ports"]
+    assert svc_port["port"] == 5555
+    assert svc_port["targetPort"] in {port["name"], 5555}
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert svc["spec"]["selector"].items() <= labels.items()
+    assert svc["spec"].get("type", "ClusterIP") == "ClusterIP"
+
+
+def test_workloads_reference_existing_config() -> None:
+    configmap, secret = one("ConfigMap"), one("Secret")
+    for _, d in MANIFESTS:
+        if d["kind"] not in {"Deployment", "Job"}:
+            continue
+        c = container(d)
+        refs = {
+            (k, v["name"])
+            for src in c["envFrom"]
+            for k, v in src.items()
+            if k in {"configMapRef", "secretRef"}
+        }
+        assert refs == {
+            ("configMapRef", configmap["metadata"]["name"]),
+            ("secretRef", secret["metadata"]["name"]),
+        }, d["metadata"]["name"]
+
+
+def test_keda_scaled_objects() -> None:
+    scaled = by_kind("ScaledObject")
+    deployments = by_kind("Deployment")
+    configmap, secret = config_and_secret()
+    redis_url = urlsplit(secret["REDIS_URL"])
+    broker_url = urlsplit(
+        secret.get("CELERY_BROKER_URL") or configmap.get("CELERY_BROKER_URL") or secret["REDIS_URL"]
+    )
+    assert len(scaled) == len(WORKER_QUEUES)
+    for short, queue in WORKER_QUEUES.items():
+        target = f"agent-memory-worker-{short}"
+        (so,) = [s for s in scaled.values() if s["spec"]["scaleTargetRef"]["name"] == target]
+        assert so["apiVersion"] == "keda.sh/v1alpha1"
+        assert target in deployments
+        spec = so["spec"]
+        assert 1 <= spec["minReplicaCount"] <= spec["maxReplicaCount"]
+        (trigger,) = spec["triggers"]
+        assert trigger["type"] == "redis"
+        meta = trigger["metadata"]
+        # KEDA metadata values are strings.
+        assert all(isinstance(v, str) for v in meta.values())
+        assert meta["listName"] == queue
+        assert int(meta["listLength"]) >= 1
+        assert "address" not in meta  # from the target's env, below
+        # *FromEnv names must be env of the target container (KEDA resolves envFrom too).
+        assert meta["addressFromEnv"] in configmap
+        assert meta["passwordFromEnv"] in secret
+        # Same Redis and database as the Celery broker.
+        assert configmap[meta["addressFromEnv"]] == f"{broker_url.hostname}:{broker_url.port}"
+        assert int(meta["databaseIndex"]) == int(broker_url.path.strip("/") or 0)
+        assert redis_url.hostname == broker_url.hostname
+
+
+def test_k8s_env_names_are_settings() -> None:
+    configmap, secret = config_and_secret()
+    check_env_names(set(configmap), "deploy/configmap.yaml")
+    check_env_names(set(secret), "deploy/secret.yaml")
+    for _, d in MANIFESTS:
+        if d["kind"] in {"Deployment", "Job"}:
+            names = {e["name"] for e in container(d).get("env", [])}
+            check_env_names(names, f"deploy {d['kind']}/{d['metadata']['name']}")
+    assert SECRET_NAMES - {"CELERY_BROKER_URL"} <= set(secret)
+    assert not SECRET_NAMES & set(configmap)
+    # The values (placeholders included) are valid settings.
+    s = settings_from({**configmap, **secret})
+    assert s.memory_worker_soft_shutdown_s == float(configmap["MEMORY_WORKER_SOFT_SHUTDOWN_S"])
+
+
+def test_every_non_setting_env_name_is_used(compose: dict[str, Any]) -> None:
+    """The exceptions list does not rot: each name is still used somewhere."""
+    configmap, secret = config_and_secret()
+    used = set(configmap) | set(secret)
+    for _, d in MANIFESTS:
+        if d["kind"] in {"Deployment", "Job"}:
+            used |= {e["name"] for e in container(d).get("env", [])}
+    for svc in app_services(compose).values():
+        used |= set(svc["environment"])
+    assert set(NOT_SETTINGS) <= used
