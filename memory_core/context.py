@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -21,6 +22,18 @@ class Exchange(BaseModel):
     answer: str = ""
     artifacts: list[Artifact] = Field(default_factory=list)
     completed_at: datetime
+
+    @classmethod
+    def from_row(cls, row: Any) -> Exchange:
+        """From a thread_messages row (ORM object or Core row): artifacts read back as stored."""
+        return cls(
+            seq=row.seq,
+            session_id=row.session_id,
+            user_query=row.user_query,
+            answer=row.answer,
+            artifacts=row.artifacts,
+            completed_at=row.completed_at,
+        )
 
 
 class ConversationContext(BaseModel):

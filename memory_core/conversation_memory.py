@@ -136,17 +136,7 @@ class RedisConversationMemory:
             thread_id=tid,
             summary=head.summary,
             summary_through_seq=head.summary_through_seq,
-            recent=[
-                Exchange(
-                    seq=r.seq,
-                    session_id=r.session_id,
-                    user_query=r.user_query,
-                    answer=r.answer,
-                    artifacts=r.artifacts,
-                    completed_at=r.completed_at,
-                )
-                for r in rows
-            ],
+            recent=[Exchange.from_row(r) for r in rows],
         )
         return ctx, head.last_seq
 

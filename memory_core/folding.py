@@ -88,17 +88,6 @@ def artifact_tail(turns: list[Exchange]) -> str:
     return ARTIFACT_TAIL_MARKER + "\n".join(lines) if lines else ""
 
 
-def _exchange(row: ThreadMessage) -> Exchange:
-    return Exchange(
-        seq=row.seq,
-        session_id=row.session_id,
-        user_query=row.user_query,
-        answer=row.answer,
-        artifacts=row.artifacts,
-        completed_at=row.completed_at,
-    )
-
-
 class Folder:
     """Runs one fold attempt for a thread; the Celery task wraps it with retries."""
 
@@ -129,7 +118,9 @@ class Folder:
                 self._release(session, tid, token, clear_due=True)
             return FoldOutcome("noop", str(tid), through_seq=through)
         with self.memory.session_factory() as session:
-            turns = [_exchange(r) for r in ThreadMessage.between(session, tid, through, upto)]
+            turns = [
+                Exchange.from_row(r) for r in ThreadMessage.between(session, tid, through, upto)
+            ]
         try:
             result = self.summarizer.summarize(
                 thread_id=str(tid),
