@@ -11,10 +11,11 @@ COPY memory_core /src/memory_core
 COPY workers /src/workers
 COPY migrations /src/migrations
 
-# The wheel ships migrations/ beside memory_core (agent-memory migrate finds it there). The
+# With the langgraph extra, `agent-memory migrate` also creates the LangGraph checkpointer
+# tables (schema langgraph). The wheel ships migrations/ beside memory_core. The
 # source tree is removed afterwards: `celery -A workers.app` puts the working directory on
 # sys.path, and a stray source copy there would shadow the installed package.
-RUN pip install /src \
+RUN pip install "/src[langgraph]" \
     && rm -rf /src \
     && useradd --create-home --uid 10001 --user-group app
 

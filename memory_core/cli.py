@@ -75,10 +75,14 @@ def _safe_url(url: str) -> str:
 @one_line_errors
 def migrate(revision: str = "head") -> None:
     """Upgrade the database schema (Alembic) to REVISION."""
+    from memory_core.langgraph import CHECKPOINT_SCHEMA, langgraph_available, setup_checkpointer
     from memory_core.migrate import upgrade
 
     upgrade(get_settings().database_url, revision)
     typer.echo(f"database at {_safe_url(get_settings().database_url)} is at {revision}")
+    if langgraph_available():  # the `langgraph` extra: its checkpointer has tables of its own
+        setup_checkpointer(get_settings().database_url)
+        typer.echo(f"LangGraph checkpointer tables ready in schema {CHECKPOINT_SCHEMA}")
 
 
 @app.command()
@@ -229,6 +233,29 @@ def bench_core_cmd(iterations: int = 2000) -> None:
 
     s = get_settings()
     bench_core(database_url=s.database_url, redis_url=s.redis_url, iterations=iterations)
+
+
+@bench_app.command("workers")
+@one_line_errors
+def bench_workers_cmd(
+    broker_url: Annotated[
+        str, typer.Option(help="A Redis broker (database) for the bench worker alone.")
+    ],
+    jobs: int = 2000,
+) -> None:
+    """Finalize jobs/s vs a no-op task, LLM calls per 100 turns, fold prompt size."""
+    from memory_core.bench_workers import bench_workers
+
+    s = get_settings()
+    try:
+        bench_workers(
+            database_url=s.database_url,
+            redis_url=s.redis_url,
+            broker_url=broker_url,
+            jobs=jobs,
+        )
+    except (RuntimeError, ValueError) as exc:
+        fail(str(exc))
 
 
 @app.command()

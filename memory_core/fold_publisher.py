@@ -8,6 +8,7 @@ finalize re-publishes a fold whose message never made it (see ConversationThread
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Any
 from uuid import UUID
 
 import structlog
@@ -40,11 +41,22 @@ def publisher_app(broker_url: str) -> Celery:
     return app
 
 
+def send_by_name(task: str, args: list[Any], queue: str, broker_url: str | None = None) -> str:
+    """Publish `task` by name to `queue` on `broker_url`; its task id (raises on broker trouble).
+
+    An explicit connection: Celery lets a CELERY_BROKER_URL environment variable override the
+    app's `broker=`, which would silently send to another broker than the one asked for.
+    """
+    url = broker_url or get_settings().celery_broker_url
+    app = publisher_app(url)
+    with app.connection_for_write(url) as conn:
+        return str(app.send_task(task, args=args, queue=queue, connection=conn, retry=False).id)
+
+
 def publish_fold(thread_id: UUID | str, broker_url: str | None = None) -> bool:
     """Enqueue a fold for the thread; False (logged) when the broker is unreachable."""
-    app = publisher_app(broker_url or get_settings().celery_broker_url)
     try:
-        app.send_task(FOLD_TASK, args=[str(thread_id)], queue=FOLD_QUEUE, retry=False)
+        send_by_name(FOLD_TASK, [str(thread_id)], FOLD_QUEUE, broker_url)
     except Exception as exc:  # any broker/transport error: the row still says a fold is due
         log.warning("memory.fold_publish_failed", thread_id=str(thread_id), error=repr(exc))
         return False

@@ -252,7 +252,7 @@ def test_dockerfile() -> None:
     user = next(ln.split()[1] for ln in lines if ln.startswith("USER "))
     assert user.isdigit() and int(user) != 0  # numeric: runAsNonRoot can check it
     text = DOCKERFILE.read_text()
-    assert "pip install /src" in text and "COPY migrations /src/migrations" in text
+    assert 'pip install "/src[langgraph]"' in text and "COPY migrations /src/migrations" in text
 
 
 def test_wheel_ships_the_migrations(tmp_path: Path) -> None:

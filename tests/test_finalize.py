@@ -209,3 +209,19 @@ def test_pooled_connections_killed_by_postgres_are_replaced(
     assert (out.status, out.seq) == ("saved", 2)
     memory.invalidate(tid)
     assert [e.seq for e in memory.get_context(tid, "user-42").recent] == [1, 2]
+
+
+def test_publish_goes_to_the_broker_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Celery lets CELERY_BROKER_URL override `broker=`: publishing must not follow it."""
+    import redis
+
+    from memory_core.fold_publisher import publish_fold
+    from memory_core.settings import get_settings
+
+    target = get_settings().celery_broker_url
+    monkeypatch.setenv("CELERY_BROKER_URL", "redis://127.0.0.1:1/0")  # a dead broker
+    broker = redis.Redis.from_url(target)
+    before = broker.llen("memory.fold")
+    assert publish_fold(uuid.uuid4(), broker_url=target)
+    assert broker.llen("memory.fold") == before + 1
+    assert not publish_fold(uuid.uuid4(), broker_url="redis://127.0.0.1:1/0")

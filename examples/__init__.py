@@ -1,0 +1,1 @@
+"""Runnable examples built on agent memory (not shipped in the wheel)."""
