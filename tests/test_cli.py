@@ -41,6 +41,7 @@ def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
         ["threads"],
         ["events", "tail"],
         ["bench", "core"],
+        ["bench", "workers"],
     ],
 )
 def test_every_command_has_help(command: list[str]) -> None:
