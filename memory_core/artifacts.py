@@ -87,7 +87,7 @@ def describe_visualization(viz: Mapping[str, Any]) -> VisualizationArtifact:
     cols: dict[str, list[str]] = {role: [] for role in _ROLES}
     if isinstance(mapping, Mapping):
         for column, role in mapping.items():
-            if role in cols:
+            if isinstance(role, str) and role in cols:  # free-form JSON: a role may be a list
                 cols[role].append(str(column))
     vtype = str(viz.get("type") or "UNKNOWN")
     chart = options.get("globalSeriesType") if vtype.upper() == "CHART" else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import OrderedDict
 from contextlib import AbstractContextManager
@@ -25,6 +26,46 @@ log = structlog.get_logger(__name__)
 
 # Errors that mean "the cache is unavailable", never "the data is wrong".
 REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError, OSError)
+
+
+class _CopiesBehind:
+    """Threads whose working copy this process failed to update (Redis unreachable).
+
+    Such a copy may survive the outage (AOF, a network blip) while missing the turns written
+    meanwhile, and a hit never consults Postgres: it would hide them until the thread's next
+    save. So the copies are dropped as soon as this process reaches that Redis again, and the
+    next read rebuilds them from Postgres. Process-wide (`save_session_to_thread_safe` builds
+    a memory per call), per Redis server and key prefix, bounded (oldest forgotten first).
+    """
+
+    MAX = 100_000
+
+    def __init__(self) -> None:
+        self._ids: dict[str, OrderedDict[UUID, None]] = {}
+        self._lock = threading.Lock()
+
+    def add(self, copy_id: str, thread_id: UUID) -> None:
+        with self._lock:
+            ids = self._ids.setdefault(copy_id, OrderedDict())
+            ids[thread_id] = None
+            while len(ids) > self.MAX:
+                ids.popitem(last=False)
+
+    def pending(self, copy_id: str, limit: int = 500) -> list[UUID]:
+        if not self._ids.get(copy_id):  # the common case: no lock, no allocation
+            return []
+        with self._lock:
+            return list(itertools.islice(self._ids.get(copy_id) or (), limit))
+
+    def done(self, copy_id: str, thread_ids: list[UUID]) -> None:
+        with self._lock:
+            ids = self._ids.get(copy_id)
+            if ids is not None:
+                for tid in thread_ids:
+                    ids.pop(tid, None)
+
+
+COPIES_BEHIND = _CopiesBehind()
 
 
 class ThreadNotFound(LookupError):
@@ -83,6 +124,11 @@ class RedisConversationMemory:
             ttl_ms=int(self.ttl_hours * 3_600_000),
             cap=self.max_unfolded_messages,
         )
+        where = self.redis.connection_pool.connection_kwargs
+        self._copy_id = (
+            f"{where.get('host', where.get('path'))}:{where.get('port')}/{where.get('db')}"
+            f"/{self.key_prefix}"
+        )
 
     # -- reads ---------------------------------------------------------------------------
 
@@ -93,8 +139,10 @@ class RedisConversationMemory:
         Postgres; a miss also repopulates the copy.
         """
         tid = _as_uuid(thread_id)
+        _check_owner(tid, owner_id)
         known = self._parsed.get(tid)
         try:
+            self._drop_copies_behind()
             found = self.copy.read_if_changed(tid, known[0] if known else None)
         except REDIS_ERRORS as exc:
             log.warning("memory.cache_unavailable", thread_id=str(tid), error=str(exc))
@@ -104,6 +152,9 @@ class RedisConversationMemory:
         if found is not None:
             version, meta, members = found
             if meta.get(b"owner", b"").decode() != owner_id:
+                # Refuse no faster than for an unknown thread (whose miss costs a Postgres
+                # look-up): an instant refusal told a stranger the thread exists.
+                self._load(tid, owner_id)  # finds nothing for this owner: ThreadNotFound
                 raise ThreadNotFound(tid)
             if members is None and known is not None:
                 return known[1]  # unchanged since this process parsed it
@@ -115,6 +166,7 @@ class RedisConversationMemory:
     def rehydrate(self, thread_id: UUID | str, owner_id: str) -> ConversationContext:
         """Rebuild the working copy from Postgres (the stored summary + unfolded turns)."""
         tid = _as_uuid(thread_id)
+        _check_owner(tid, owner_id)
         ctx, last_seq = self._load_with_last(tid, owner_id)
         self._store(owner_id, ctx, last_seq)
         REHYDRATIONS.inc()
@@ -145,6 +197,18 @@ class RedisConversationMemory:
             self.copy.merge(owner_id, ctx, last_seq)
         except REDIS_ERRORS as exc:
             log.warning("memory.cache_write_failed", thread_id=str(ctx.thread_id), error=str(exc))
+            self.mark_copy_behind(ctx.thread_id)
+
+    def mark_copy_behind(self, thread_id: UUID) -> None:
+        """A write to this thread's copy failed: drop the copy once Redis answers again."""
+        COPIES_BEHIND.add(self._copy_id, thread_id)
+
+    def _drop_copies_behind(self) -> None:
+        """Delete the copies this process failed to update (raises Redis errors)."""
+        while behind := COPIES_BEHIND.pending(self._copy_id):
+            self.redis.delete(*(key for tid in behind for key in self.copy.keys(tid)))
+            COPIES_BEHIND.done(self._copy_id, behind)
+            log.info("memory.cache_dropped_behind", threads=len(behind))
 
     def session_factory(self) -> AbstractContextManager[Session]:
         """An ORM session on this memory's database, one transaction (commit or rollback)."""
@@ -159,6 +223,7 @@ class RedisConversationMemory:
         Redis trouble: the turn is already durable in Postgres.
         """
         try:
+            self._drop_copies_behind()
             if turn.seq == 1:
                 first = ConversationContext(thread_id=thread_id, recent=[turn])
                 status = self.copy.merge(owner_id, first, last_seq=1)
@@ -171,6 +236,7 @@ class RedisConversationMemory:
             return status
         except REDIS_ERRORS as exc:
             log.warning("memory.cache_write_failed", thread_id=str(thread_id), error=str(exc))
+            self.mark_copy_behind(thread_id)
             return "unavailable"
 
     def invalidate(self, thread_id: UUID | str) -> None:
@@ -205,6 +271,20 @@ class _LRU(Generic[K, V]):
             self._data.move_to_end(key)
             while len(self._data) > self.size:
                 self._data.popitem(last=False)
+
+
+def _check_owner(thread_id: UUID, owner_id: str) -> None:
+    """An owner id no snapshot can carry (not text, NUL, lone surrogates) owns no thread.
+
+    Answer as for an unknown thread: the database driver would raise its own error for it,
+    and only when the copy is not cached, which told a stranger whether the thread exists.
+    """
+    if not isinstance(owner_id, str) or "\x00" in owner_id:
+        raise ThreadNotFound(thread_id)
+    try:
+        owner_id.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ThreadNotFound(thread_id) from None
 
 
 def _as_uuid(value: UUID | str) -> UUID:

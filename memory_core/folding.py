@@ -96,17 +96,23 @@ class Folder:
         self.summarizer = summarizer
         self.settings = memory.settings
 
-    def fold(self, thread_id: str | uuid.UUID) -> FoldOutcome:
-        """One fold attempt; never raises for LLM trouble (that is a `failed` outcome)."""
+    def fold(
+        self, thread_id: str | uuid.UUID, *, lease_token: uuid.UUID | None = None
+    ) -> FoldOutcome:
+        """One fold attempt; never raises for LLM trouble (that is a `failed` outcome).
+
+        `lease_token` identifies the attempt: a retry or redelivery of the same job passes the
+        same token and so takes over the lease its earlier run left behind (its process died,
+        or Postgres went away before the lease could be released) instead of waiting it out.
+        """
         started = time.perf_counter()
-        outcome = self._fold(uuid.UUID(str(thread_id)))
+        outcome = self._fold(uuid.UUID(str(thread_id)), lease_token or uuid.uuid4())
         FOLDS.labels(outcome.status).inc()
         if outcome.status in ("folded", "failed"):
             FOLD_SECONDS.observe(time.perf_counter() - started)
         return outcome
 
-    def _fold(self, tid: uuid.UUID) -> FoldOutcome:
-        token = uuid.uuid4()
+    def _fold(self, tid: uuid.UUID, token: uuid.UUID) -> FoldOutcome:
         with self.memory.session_factory() as session:
             lease = self._take_lease(session, tid, token)
         if isinstance(lease, str):
@@ -175,7 +181,12 @@ class Folder:
         t = ConversationThread
         stmt = (
             update(t)
-            .where(t.id == tid, (t.fold_lease_until.is_(None)) | (t.fold_lease_until < func.now()))
+            .where(
+                t.id == tid,
+                t.fold_lease_until.is_(None)
+                | (t.fold_lease_until < func.now())
+                | (t.fold_lease_token == token),
+            )
             .values(
                 fold_lease_token=token,
                 fold_lease_until=func.now()
@@ -270,5 +281,7 @@ class Folder:
         try:
             self.memory.copy.merge(owner, ctx, last_seq=upto)
         except REDIS_ERRORS as exc:
-            # The next save on the thread sees the newer cursor in Postgres and rebuilds.
+            # The copy may have capped off turns this fold just covered: drop it once Redis
+            # answers again (the next save would also see the newer cursor and rebuild).
             log.warning("memory.cache_write_failed", thread_id=str(tid), error=str(exc))
+            self.memory.mark_copy_behind(tid)

@@ -10,7 +10,7 @@ Size limits (documented in the README; a violation names the field):
 | sql              | 20 statements, each 1..50 000 characters |
 | visualizations   | 50 objects                              |
 | dashboards       | 20 objects                              |
-| response_payload | 1 MiB as JSON                           |
+| response_payload | 1 MiB as JSON, nested at most 64 deep    |
 
 No text anywhere may hold NUL characters or lone UTF-16 surrogates: Postgres cannot store
 them, so they are rejected up front instead of failing half-way through a write.
@@ -36,6 +36,9 @@ from pydantic import (
 )
 
 MAX_PAYLOAD_BYTES = 1024 * 1024
+# Deeper JSON would exhaust the recursion of the validators and encoders (a RecursionError
+# escaped validation, so the job was neither rejected nor saved); real payloads nest < 20.
+MAX_JSON_DEPTH = 64
 
 
 def _check_text(value: str) -> str:
@@ -48,8 +51,10 @@ def _check_text(value: str) -> str:
     return value
 
 
-def _check_json(value: Any, path: str = "") -> None:
+def _check_json(value: Any, path: str = "", depth: int = 0) -> None:
     """Walk a JSON-like value: every string (keys too) must be storable text."""
+    if depth > MAX_JSON_DEPTH:
+        raise ValueError(f"{path or 'value'}: nested more than {MAX_JSON_DEPTH} levels deep")
     if isinstance(value, str):
         try:
             _check_text(value)
@@ -59,11 +64,14 @@ def _check_json(value: Any, path: str = "") -> None:
         for k, v in value.items():
             if not isinstance(k, str):
                 raise ValueError(f"{path}: object keys must be strings")
-            _check_json(k, f"{path}.{k}" if path else k)
-            _check_json(v, f"{path}.{k}" if path else k)
+            # The key goes into the error message, which must be encodable itself (a lone
+            # surrogate there made pydantic raise UnicodeEncodeError instead of rejecting).
+            key = k.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
+            _check_json(k, f"{path}.{key}" if path else key, depth + 1)
+            _check_json(v, f"{path}.{key}" if path else key, depth + 1)
     elif isinstance(value, list | tuple):
         for i, v in enumerate(value):
-            _check_json(v, f"{path}[{i}]")
+            _check_json(v, f"{path}[{i}]", depth + 1)
     elif value is not None and not isinstance(value, bool | int | float):
         raise ValueError(f"{path or 'value'}: {type(value).__name__} is not JSON")
 
@@ -95,9 +103,15 @@ class VisualizationIn(_RedashObject):
     options: Annotated[dict[str, Any], AfterValidator(_json_object)] = Field(default_factory=dict)
 
 
+class WidgetVisualizationIn(_RedashObject):
+    # Only the id is derived into the dashboard's artifact; it was unchecked (a list or a
+    # float crashed finalize, a NUL made Postgres refuse it: a retry loop).
+    id: ObjectId | None = None
+
+
 class WidgetIn(_RedashObject):
     visualization_id: ObjectId | None = None
-    visualization: dict[str, Any] | None = None
+    visualization: WidgetVisualizationIn | None = None
 
 
 class DashboardIn(_RedashObject):
@@ -149,4 +163,7 @@ class TurnSnapshot(BaseModel):
     @field_validator("completed_at")
     @classmethod
     def _utc(cls, v: datetime) -> datetime:
-        return v.astimezone(UTC)
+        try:
+            return v.astimezone(UTC)
+        except OverflowError:  # e.g. 0001-01-01T00:00:00+01:00: no UTC equivalent
+            raise ValueError("is out of range once converted to UTC") from None

@@ -10,7 +10,7 @@ import math
 from memory_core.bench import COMMAND, bench_core
 from memory_core.settings import get_settings
 
-FIGURES = ("save", "get_context", "rehydrate", "render_warm", "render_cold")
+FIGURES = ("save", "get_context", "get_context_cold", "rehydrate", "render_warm", "render_cold")
 MEASURES = ("p50_us", "p99_us", "raw_p50_us", "raw_p99_us", "ratio", "ratio_p99")
 
 

@@ -20,8 +20,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import structlog
 from celery import Celery
 from celery.signals import worker_init, worker_process_shutdown
+from celery.worker.consumer import Consumer
 from kombu import Queue
 
 from memory_core.fold_publisher import FINALIZE_QUEUE, FINALIZE_TASK, FOLD_QUEUE, FOLD_TASK
@@ -44,6 +46,35 @@ def visibility_timeout_s() -> int:
     if s.memory_visibility_timeout_s is not None:
         return s.memory_visibility_timeout_s
     return 3600 + fold_limits()[1] + 300
+
+
+class MemoryConsumer(Consumer):
+    """Celery's consumer, surviving the loss of a Redis broker while it holds unacked jobs.
+
+    On a broken connection Celery 5.7 first `collect()`s it (which drops the transport's
+    client) and then `close()`s it; closing the Redis channel tries to hand back the jobs it
+    holds (acks_late: every running or prefetched one) through that dropped client and raises
+    AttributeError, which Celery treats as unrecoverable: any Redis restart killed every busy
+    worker. The jobs cannot be handed back while Redis is down anyway; they stay in the
+    broker's `unacked` hash and return after the visibility timeout (docs/OPERATIONS.md).
+    Found by tests/reliability/test_outages.py.
+    """
+
+    def on_connection_error_after_connected(self, exc: Exception) -> None:
+        connection = self.connection
+        if connection is not None:
+            close = connection.close
+
+            def close_broken_connection() -> None:
+                try:
+                    close()
+                except AttributeError as error:
+                    structlog.get_logger(__name__).warning(
+                        "memory.broker_close_failed", error=repr(error)
+                    )
+
+            connection.close = close_broken_connection
+        super().on_connection_error_after_connected(exc)
 
 
 def make_app() -> Celery:
@@ -77,6 +108,7 @@ def make_app() -> Celery:
         result_backend_transport_options=dict(transport),
         broker_connection_retry_on_startup=True,
         worker_cancel_long_running_tasks_on_connection_loss=True,
+        worker_consumer="workers.app:MemoryConsumer",
         worker_soft_shutdown_timeout=s.memory_worker_soft_shutdown_s,
         worker_enable_soft_shutdown_on_idle=True,
         worker_hijack_root_logger=False,

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import random
+import uuid
 from typing import Any
 
 import structlog
 from celery import Task
 from celery.exceptions import Reject
+from sqlalchemy.exc import InterfaceError, OperationalError
 
 from memory_core.conversation_memory import RedisConversationMemory
 from memory_core.events import (
@@ -107,10 +109,21 @@ _FOLD_SOFT, _FOLD_HARD = fold_limits()
 def fold_thread(self: MemoryTask, thread_id: Any) -> dict[str, Any]:
     if not isinstance(thread_id, str):
         _reject_fold(f"thread_id must be a string, not {type(thread_id).__name__}")
+    # Retries and redeliveries of this job keep its task id, and so its lease token.
+    token = uuid.uuid5(uuid.NAMESPACE_URL, f"{FOLD_TASK}:{self.request.id}")
     try:
-        outcome = self.folder.fold(thread_id)
+        outcome = self.folder.fold(thread_id, lease_token=token if self.request.id else None)
     except ValueError as exc:  # malformed id: nothing to fold, ever
         _reject_fold(f"thread_id is not a UUID: {exc}")
+    except (OperationalError, InterfaceError) as exc:
+        # Postgres unreachable mid-fold: not a summarizer failure (no attempt is counted);
+        # retry with the finalize backoff. Without this the fold was dropped and the thread
+        # waited for the republish grace (and the lease) before folding again.
+        delay = finalize_retry_delay(
+            self.request.retries, self.memory.settings.memory_finalize_retry_cap_s
+        )
+        log.warning("memory.fold_retry", retry_in_s=round(delay, 1), reason=str(exc)[:300])
+        raise self.retry(countdown=delay, exc=exc) from exc
     redis = self.memory.redis
     if outcome.status == "busy":
         # Another fold holds the lease. If its worker died, the lease lapses: check again then
