@@ -85,6 +85,9 @@ def make_app() -> Celery:
         # interval x throttle 10), so a dead host's jobs return soon after the timeout.
         "unacked_restore_interval": s.memory_unacked_restore_interval_s,
         "unacked_restore_throttle": 1,
+        # The sweep holds a Redis mutex; if its worker dies holding it (likelier the more
+        # often it sweeps), kombu's default 300 s expiry would stall every restore that long.
+        "unacked_mutex_expire": max(5, 3 * s.memory_unacked_restore_interval_s),
         "socket_connect_timeout": 5,
         "socket_timeout": 30,
         "health_check_interval": 30,
