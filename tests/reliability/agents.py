@@ -1,0 +1,140 @@
+"""Simulated agents for the outage scenarios: job senders and in-process savers.
+
+`JobLoad`: agent threads that enqueue `memory.finalize_turn` at a steady pace; a send the broker
+refuses (Redis down) is retried, as an agent would; only accepted sends count as sent.
+`InProcessAgent`: agent threads that call `save_session_to_thread_safe` directly, retry a
+`failed` outcome after a pause, and record every outcome with its time.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from memory_core import RedisConversationMemory, save_session_to_thread_safe
+from tests.conftest import make_snapshot
+from tests.reliability.conftest import Tally
+from tests.workers.harness import producer, send_finalize
+
+
+class JobLoad:
+    def __init__(self, threads: int, interval_s: float, *, max_turns: int | None = None) -> None:
+        self.tids = [uuid.uuid4() for _ in range(threads)]
+        self.interval_s = interval_s
+        self.max_turns = max_turns
+        self.tally = Tally(sent={})
+        self.send_failures = 0
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.threads = [
+            threading.Thread(target=self._run, args=(tid,), daemon=True) for tid in self.tids
+        ]
+
+    def start(self) -> JobLoad:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def stop(self) -> None:
+        self.stopping.set()
+        for t in self.threads:
+            t.join(30)
+
+    def _run(self, tid: uuid.UUID) -> None:
+        app = producer()
+        n = 0
+        while not self.stopping.is_set() and (self.max_turns is None or n < self.max_turns):
+            n += 1
+            snap = make_snapshot(tid, n)
+            while True:
+                try:
+                    send_finalize(app, snap)
+                    break
+                except Exception:  # the broker is down: an agent retries the send
+                    with self.lock:
+                        self.send_failures += 1
+                    if self.stopping.wait(0.2):
+                        return
+            with self.lock:
+                self.tally.sent[snap["session_id"]] = tid
+            self.stopping.wait(self.interval_s)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    started: float
+    ended: float
+    status: str  # saved | duplicate | failed | rejected | raised
+    cache: str | None
+    session_id: str
+    thread_id: uuid.UUID
+    seq: int | None
+
+
+class InProcessAgent:
+    def __init__(self, threads: int, interval_s: float) -> None:
+        self.tids = [uuid.uuid4() for _ in range(threads)]
+        self.interval_s = interval_s
+        self.outcomes: list[Outcome] = []
+        self.errors: list[str] = []
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.threads = [
+            threading.Thread(target=self._run, args=(tid,), daemon=True) for tid in self.tids
+        ]
+
+    def start(self) -> InProcessAgent:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def stop(self) -> None:
+        self.stopping.set()
+        for t in self.threads:
+            t.join(60)
+
+    @property
+    def tally(self) -> Tally:
+        """Every turn this agent has handed to the core at least once."""
+        return Tally(sent={o.session_id: o.thread_id for o in self.outcomes})
+
+    def save(self, memory: RedisConversationMemory, snap: dict[str, Any]) -> Outcome:
+        t0 = time.monotonic()
+        try:
+            out = save_session_to_thread_safe(snap, memory=memory)
+            status, cache, seq = out.status, out.cache, out.seq
+        except Exception as exc:  # the core promises never to raise into the agent
+            status, cache, seq = "raised", None, None
+            with self.lock:
+                self.errors.append(repr(exc))
+        outcome = Outcome(
+            t0,
+            time.monotonic(),
+            status,
+            cache,
+            snap["session_id"],
+            uuid.UUID(snap["thread_id"]),
+            seq,
+        )
+        with self.lock:
+            self.outcomes.append(outcome)
+        return outcome
+
+    def _run(self, tid: uuid.UUID) -> None:
+        memory = RedisConversationMemory()
+        n = 0
+        while not self.stopping.is_set():
+            n += 1
+            snap = make_snapshot(tid, n)
+            give_up_at = float("inf")
+            while self.save(memory, snap).status == "failed":
+                # The agent retries the same turn; after stop() it still tries for a minute.
+                if self.stopping.is_set():
+                    give_up_at = min(give_up_at, time.monotonic() + 60)
+                if time.monotonic() > give_up_at:
+                    return
+                time.sleep(0.25)
+            self.stopping.wait(self.interval_s)
