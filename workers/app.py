@@ -29,6 +29,7 @@ from kombu import Queue
 from memory_core.fold_publisher import FINALIZE_QUEUE, FINALIZE_TASK, FOLD_QUEUE, FOLD_TASK
 from memory_core.metrics import serve_worker_metrics
 from memory_core.settings import get_settings
+from workers.broker import use_atomic_take
 from workers.logging import configure_logging
 
 FINALIZE_SOFT_LIMIT_S = 30
@@ -147,4 +148,5 @@ def _metrics_child_exit(pid: int | None = None, **_: Any) -> None:
 
 
 configure_logging()
+use_atomic_take()
 app = make_app()
