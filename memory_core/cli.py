@@ -258,6 +258,18 @@ def bench_workers_cmd(
         fail(str(exc))
 
 
+@bench_app.command("broker")
+@one_line_errors
+def bench_broker_cmd(
+    broker_url: Annotated[str, typer.Option(help="A Redis broker (database) to bench on.")],
+    messages: int = 5000,
+) -> None:
+    """The workers' atomic take (workers/broker.py) vs kombu's BRPOP, consume + ack."""
+    from workers.bench_broker import bench_broker
+
+    bench_broker(broker_url, messages)
+
+
 @app.command()
 def demo() -> None:
     """Play a scripted analytics conversation through a real worker (see README)."""

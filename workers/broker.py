@@ -162,6 +162,27 @@ class Channel(kombu_redis.Channel):
             self._script_cached = True  # a successful EVAL loaded it
         return reply
 
+    # Acks after a lost connection. Celery collects a broken connection (the transport's
+    # client becomes None) and reconnects, but a task that finished meanwhile still acks or
+    # rejects through its old channel; kombu then raised AttributeError out of the event loop,
+    # an "Unrecoverable error" that killed the worker (found by tests/reliability/
+    # test_outages.py, Redis restart under load). The message is still in `unacked`, so it
+    # is redelivered after the visibility timeout; finalize and fold are idempotent.
+    def _collected(self) -> bool:
+        return getattr(self.connection, "client", None) is None
+
+    def basic_ack(self, delivery_tag: Any, multiple: bool = False) -> None:
+        if self._collected():
+            log.warning("memory.broker_ack_after_connection_loss", delivery_tag=delivery_tag)
+            return
+        super().basic_ack(delivery_tag, multiple=multiple)
+
+    def basic_reject(self, delivery_tag: Any, requeue: bool = False) -> None:
+        if self._collected():
+            log.warning("memory.broker_reject_after_connection_loss", delivery_tag=delivery_tag)
+            return
+        super().basic_reject(delivery_tag, requeue=requeue)
+
 
 class Transport(kombu_redis.Transport):
     Channel = Channel

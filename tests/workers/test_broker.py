@@ -229,6 +229,28 @@ def test_global_keyprefix_is_applied_to_the_queue_and_the_unacked_keys(
         assert broker.hget(prefix + "unacked", message.delivery_tag) is None
 
 
+def test_ack_through_a_channel_whose_connection_was_collected_leaves_it_for_redelivery(
+    url: str, broker: redis.Redis
+) -> None:
+    """Celery acks a task that finished during a broker outage through the collected channel."""
+    queue = _queue()
+    _publish(url, queue, {"late": 1})
+    conn = Connection(url, transport=TRANSPORT)
+    _, message = _take_one(conn, [queue])
+    conn.collect()  # what Celery does with a broken broker connection
+    message.ack()  # kombu raised AttributeError here, out of the worker's event loop
+    # Not acked, so not gone: handed back by the close (Redis up here), or left in `unacked`
+    # for the sweep when the close could not reach Redis (the outage case).
+    held = broker.hget("unacked", message.delivery_tag) is not None
+    assert held + broker.llen(queue.name) == 1
+    with Connection(url, transport_options={"visibility_timeout": 0}) as sweeper:
+        sweeper.default_channel.qos.restore_visible()
+    with Connection(url, transport=TRANSPORT) as fresh:
+        got, again = _take_one(fresh, [queue])
+        assert got == {"late": 1} and again.delivery_info["redelivered"] is True
+        again.ack()
+
+
 def test_worker_app_consumes_redis_with_the_atomic_take_and_keeps_the_url_scheme() -> None:
     with make_app().connection_for_read() as conn:  # the test broker is redis://
         assert isinstance(conn.default_channel, ReliableChannel)
