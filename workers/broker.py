@@ -29,6 +29,7 @@ from typing import Any
 import structlog
 from kombu import transport as kombu_transport
 from kombu.transport import redis as kombu_redis
+from kombu.transport import virtual
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import loads
 from redis.exceptions import NoScriptError, ResponseError
@@ -43,6 +44,7 @@ local n = #KEYS - 2
 for i = 1, n do
   local item = redis.call('RPOP', KEYS[i])
   if item then
+    local recorded = 0
     local ok, msg = pcall(cjson.decode, item)
     if ok and type(msg) == 'table' and type(msg.properties) == 'table' then
       local props = msg.properties
@@ -53,9 +55,10 @@ for i = 1, n do
         redis.call('ZADD', KEYS[n + 2], tonumber(t[1]) + tonumber(t[2]) / 1000000, tag)
         redis.call('HSET', KEYS[n + 1], tag, '[' .. item .. ',' .. cjson.encode(info.exchange)
           .. ',' .. cjson.encode(info.routing_key) .. ']')
+        recorded = 1
       end
     end
-    return {KEYS[i], item}
+    return {KEYS[i], item, recorded}
   end
 end
 return false
@@ -68,14 +71,26 @@ def _version(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in text.split(".")[:2] if part.isdigit())
 
 
+class QoS(kombu_redis.QoS):
+    def append(self, message: Any, delivery_tag: Any) -> None:
+        if self.channel._recorded_by_take == delivery_tag:
+            # The take already wrote this very entry in Redis: only the in-memory bookkeeping.
+            virtual.QoS.append(self, message, delivery_tag)
+            return
+        super().append(message, delivery_tag)
+
+
 class Channel(kombu_redis.Channel):
     """kombu's Redis channel with an atomic take (see the module docstring)."""
+
+    QoS = QoS
+    _recorded_by_take: str | None = None
 
     reliable_idle_wait = 0.5
     from_transport_options = (*kombu_redis.Channel.from_transport_options, "reliable_idle_wait")  # type: ignore[assignment]
 
     _reliable: bool | None = None  # None: not checked yet
-    _script_cached = True
+    _script_cached = False  # the first take of a channel sends the text: never a NOSCRIPT miss
     _sent: tuple[str, str | None] | None = None  # ("take", None) or ("wait", queue)
     _wait_next = False
 
@@ -133,10 +148,16 @@ class Channel(kombu_redis.Channel):
                 self._wait_next = True
                 raise Empty()
             self._wait_next = False
-            key, item = reply
+            key, item, recorded = reply
             dest = bytes_to_str(key)[len(self.global_keyprefix or "") :].rsplit(self.sep, 1)[0]
             self._queue_cycle.rotate(dest)
-            self.connection._deliver(loads(bytes_to_str(item)), dest)
+            payload = loads(bytes_to_str(item))
+            if recorded:
+                self._recorded_by_take = payload["properties"]["delivery_tag"]
+            try:
+                self.connection._deliver(payload, dest)
+            finally:
+                self._recorded_by_take = None
             return True
         finally:
             self._in_poll = None  # type: ignore[assignment]

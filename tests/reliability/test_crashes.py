@@ -61,6 +61,9 @@ JOBS = THREADS * TURNS
 SEND_INTERVAL_S = 0.15  # per agent thread: ~130 jobs/s in all, for ~15 s: a backlog builds
 WHOLE_KILL_AT_S = 3.5
 SIGTERM_AT_S = 10.0
+TASK_LINE = re.compile(
+    r"Task memory\.finalize_turn\[([0-9a-f-]+)\] (received|succeeded|retry|raised)"
+)
 VISIBILITY_S = 5
 CRASH_ENV = {
     "MEMORY_VISIBILITY_TIMEOUT_S": str(VISIBILITY_S),
@@ -132,21 +135,44 @@ class Chaos:
 
     def step(self, elapsed_s: float) -> None:
         self.recovery.poll()
-        if not self.whole_kills and elapsed_s >= WHOLE_KILL_AT_S and self._busy(elapsed_s):
-            self.kill_whole_worker()
-        elif (
-            self.sigterm_held < 0
-            and self.whole_kills
-            and elapsed_s >= SIGTERM_AT_S
-            and self._busy(elapsed_s - SIGTERM_AT_S + WHOLE_KILL_AT_S)
-        ):
-            self.sigterm_worker()
-        else:
-            self.kill_a_child()
+        victim = self._holding_worker() if self._whole_kill_due(elapsed_s) else None
+        if victim is not None:
+            self.kill_whole_worker(victim)
+            return
+        if self._sigterm_due(elapsed_s):
+            # A worker caught holding a job, else (after 5 s of trying) any worker.
+            victim = self._holding_worker()
+            if victim is not None or elapsed_s > SIGTERM_AT_S + 5:
+                self.sigterm_worker(victim or self.live()[0])
+                return
+        self.kill_a_child()
 
-    def _busy(self, elapsed_s: float) -> bool:
-        """Both workers hold jobs (2 each at most): whichever dies has something at stake."""
-        return self.broker.hlen("unacked") >= 3 or elapsed_s > WHOLE_KILL_AT_S + 5
+    def _sigterm_due(self, elapsed_s: float) -> bool:
+        return (
+            self.sigterm_held < 0
+            and self.whole_kills > 0
+            and not self._whole_kill_due(elapsed_s)
+            and elapsed_s >= SIGTERM_AT_S
+        )
+
+    def _whole_kill_due(self, elapsed_s: float) -> bool:
+        """Until a whole kill took jobs down with it (3 tries), one is due every 2 s."""
+        return (
+            self.whole_kill_held <= 0
+            and self.whole_kills < 3
+            and elapsed_s >= WHOLE_KILL_AT_S + 2 * self.whole_kills
+        )
+
+    def _holding_worker(self) -> WorkerProcess | None:
+        """A live worker whose log shows a finalize job received and not yet finished."""
+        for worker in self.live():
+            received: set[str] = set()
+            finished: set[str] = set()
+            for task_id, what in TASK_LINE.findall(worker.log()):
+                (received if what == "received" else finished).add(task_id)
+            if received - finished:
+                return worker
+        return None
 
     def _in_background(self, work: Callable[[], None]) -> None:
         """Faults that take seconds (a worker starting, a soft shutdown) must not pause the
@@ -174,8 +200,7 @@ class Chaos:
         if in_flight:  # else nothing was at stake: nothing to time
             self.recovery.fault("child", in_flight, time.monotonic())
 
-    def kill_whole_worker(self) -> None:
-        victim = self.live()[0]
+    def kill_whole_worker(self, victim: WorkerProcess) -> None:
         victim.kill_hard()  # main process and children: nothing is handed back
         killed_at = time.monotonic()
         self.timeline.append((killed_at, f"whole kill -9 of {victim.log_path.name}"))
@@ -189,8 +214,7 @@ class Chaos:
         if held:
             self.recovery.fault("whole kill", held, killed_at)
 
-    def sigterm_worker(self) -> None:
-        victim = self.live()[0]
+    def sigterm_worker(self, victim: WorkerProcess) -> None:
         held = self.recovery.at_stake(held_finalize_jobs(self.broker))
         t0 = time.monotonic()
         self.timeline.append((t0, f"SIGTERM of {victim.log_path.name}"))
@@ -303,6 +327,7 @@ def test_two_thousand_jobs_through_kill_9_and_sigterm(
     assert lost == 0 and duplicated == 0
     assert_gapless(rows)
     assert chaos.child_kills >= 10
+    assert chaos.whole_kill_held >= 1, "no whole-worker kill took a job down with it"
     jobs_lost_with_child = sum(
         w.log().count("WorkerLostError('Worker exited") for w in chaos.workers
     )
@@ -339,8 +364,8 @@ def test_two_thousand_jobs_through_kill_9_and_sigterm(
         "crash.2.whole_kill",
         scenario=f"a whole worker killed with -9 (visibility timeout {VISIBILITY_S} s, sweep 1 s)",
         faults=(
-            f"1 x kill -9 of a worker and its children, holding {chaos.whole_kill_held} "
-            "unacked jobs"
+            f"{chaos.whole_kills} x kill -9 of a worker (and its children) caught holding a "
+            f"job; {chaos.whole_kill_held} unacked job(s) went down with it"
         ),
         recover_s=done["whole kill"][0] if "whole kill" in done else None,
         recover=f"{done['whole kill'][0]:.1f} s" if "whole kill" in done else "n/a (none held)",

@@ -26,6 +26,7 @@ from kombu.utils.json import loads
 
 from memory_core.settings import get_settings
 from workers.app import make_app
+from workers.bench_broker import bench_broker
 from workers.broker import Channel as ReliableChannel
 
 TRANSPORT = "workers.broker:Transport"
@@ -256,3 +257,16 @@ def test_worker_app_consumes_redis_with_the_atomic_take_and_keeps_the_url_scheme
         assert isinstance(conn.default_channel, ReliableChannel)
         assert conn.as_uri().startswith("redis://")  # Flower and logs still see redis://
     assert get_transport_cls("rediss") is StockTransport  # TLS keeps kombu's own
+
+
+def test_bench_broker_consumes_everything_both_ways_and_leaves_nothing(
+    url: str, broker: redis.Redis, capsys: pytest.CaptureFixture[str]
+) -> None:
+    unacked_before = broker.hlen("unacked")
+    figures = bench_broker(url, messages=30, rounds=1)
+    assert figures["stock_per_s"] > 0 and figures["atomic_per_s"] > 0
+    assert figures["ratio"] == figures["atomic_per_s"] / figures["stock_per_s"]
+    out = capsys.readouterr().out
+    assert f"command: agent-memory bench broker --broker-url {url} --messages 30" in out
+    assert not broker.keys("bench.broker.*")  # its queues are deleted
+    assert broker.hlen("unacked") == unacked_before  # every message was acked
