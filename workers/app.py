@@ -56,8 +56,8 @@ class MemoryConsumer(Consumer):
     client) and then `close()`s it; closing the Redis channel tries to hand back the jobs it
     holds (acks_late: every running or prefetched one) through that dropped client and raises
     AttributeError, which Celery treats as unrecoverable: any Redis restart killed every busy
-    worker. The jobs cannot be handed back while Redis is down anyway; they stay in the
-    broker's `unacked` hash and return after the visibility timeout (docs/OPERATIONS.md).
+    worker. The jobs cannot be handed back while Redis is down anyway: workers/broker.py
+    remembers them and hands them back once the worker has reconnected.
     Found by tests/reliability/test_outages.py.
     """
 

@@ -22,6 +22,7 @@ Publishing is unchanged: producers with stock kombu and this consumer share one 
 from __future__ import annotations
 
 import hashlib
+import threading
 from queue import Empty
 from time import monotonic
 from typing import Any
@@ -32,7 +33,9 @@ from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import loads
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 log = structlog.get_logger(__name__)
 
@@ -45,7 +48,8 @@ for i = 1, n do
   local item = redis.call('RPOP', KEYS[i])
   if item then
     local recorded = 0
-    local ok, msg = pcall(cjson.decode, item)
+    local ok, msg = false, nil
+    if ARGV[i] == '1' then ok, msg = pcall(cjson.decode, item) end
     if ok and type(msg) == 'table' and type(msg.properties) == 'table' then
       local props = msg.properties
       local tag = props.delivery_tag
@@ -71,7 +75,24 @@ def _version(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in text.split(".")[:2] if part.isdigit())
 
 
+# Jobs whose hand-back met a lost connection, by broker. Kombu would leave them in `unacked`
+# for the visibility timeout (~68 min); this process's next channel to that broker hands them
+# back as soon as it is connected (Celery has dropped them from its own state by then).
+_DEFERRED: dict[tuple[Any, ...], set[str]] = {}
+_DEFERRED_LOCK = threading.Lock()
+HAND_BACK_ERRORS = (AttributeError, OSError, RedisConnectionError, RedisTimeoutError)
+
+
 class QoS(kombu_redis.QoS):
+    def restore_unacked(self, client: Any = None) -> None:
+        try:
+            super().restore_unacked(client)
+        except HAND_BACK_ERRORS as exc:
+            # A collected or broken connection (a Redis restart): hand them back later.
+            tags = {str(tag) for tag in self._delivered}
+            self._delivered.clear()
+            self.channel._defer_hand_back(tags, exc)
+
     def append(self, message: Any, delivery_tag: Any) -> None:
         if self.channel._recorded_by_take == delivery_tag:
             # The take already wrote this very entry in Redis: only the in-memory bookkeeping.
@@ -85,6 +106,39 @@ class Channel(kombu_redis.Channel):
 
     QoS = QoS
     _recorded_by_take: str | None = None
+    _broker: tuple[Any, ...] = ()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._no_ack_queues: set[str] = set()  # their messages are never recorded as unacked
+        super().__init__(*args, **kwargs)  # pings Redis: raises while it is down
+        info = self.connection.client
+        self._broker = (info.hostname, info.port, info.virtual_host, self.global_keyprefix)
+        self._hand_back_deferred()
+
+    def basic_consume(self, queue: str, no_ack: bool, *args: Any, **kwargs: Any) -> Any:
+        (self._no_ack_queues.add if no_ack else self._no_ack_queues.discard)(queue)
+        return super().basic_consume(queue, no_ack, *args, **kwargs)
+
+    def _defer_hand_back(self, tags: set[str], error: BaseException) -> None:
+        if not tags or not self._broker:
+            return
+        with _DEFERRED_LOCK:
+            _DEFERRED.setdefault(self._broker, set()).update(tags)
+        log.warning("memory.broker_hand_back_deferred", jobs=len(tags), error=repr(error))
+
+    def _hand_back_deferred(self) -> None:
+        with _DEFERRED_LOCK:
+            tags = _DEFERRED.pop(self._broker, set())
+        if not tags:
+            return
+        try:
+            with self.conn_or_acquire() as client:
+                for tag in tags:  # a tag acked or restored meanwhile is a no-op
+                    self.qos.restore_by_tag(tag, client=client)
+        except HAND_BACK_ERRORS as exc:
+            self._defer_hand_back(tags, exc)  # down again: the next channel tries
+            return
+        log.info("memory.broker_handed_back", jobs=len(tags))
 
     reliable_idle_wait = 0.5
     from_transport_options = (*kombu_redis.Channel.from_transport_options, "reliable_idle_wait")  # type: ignore[assignment]
@@ -122,11 +176,13 @@ class Channel(kombu_redis.Channel):
             args: list[Any] = ["BLMOVE", key, key, "RIGHT", "RIGHT", wait or 0]
             self._sent = ("wait", queues[0])
         else:
-            keys = [self._q_for_pri(q, pri) for pri in self.priority_steps for q in queues]
+            taken = [(q, pri) for pri in self.priority_steps for q in queues]
+            keys = [self._q_for_pri(q, pri) for q, pri in taken]
             keys += [self.unacked_key, self.unacked_index_key]
             keys = [prefix + k for k in keys]
+            record = ["0" if q in self._no_ack_queues else "1" for q, _ in taken]
             head = ["EVALSHA", TAKE_SHA] if self._script_cached else ["EVAL", TAKE_SCRIPT]
-            args = [*head, len(keys), *keys]
+            args = [*head, len(keys), *keys, *record]
             self._sent = ("take", None)
         self._in_poll = self.client.connection
         self._brpop_sent_at = monotonic()  # type: ignore[assignment]

@@ -173,6 +173,27 @@ def test_taken_message_and_its_unacked_entry_are_exactly_what_kombu_would_store(
     assert broker.zscore("unacked_index", message.delivery_tag) is None
 
 
+def test_no_ack_consumer_takes_without_recording_anything_as_unacked(
+    url: str, broker: redis.Redis
+) -> None:
+    """Celery's inspect/control replies are consumed no_ack: nothing may wait to be acked."""
+    queue = _queue()
+    body = {"reply": uuid.uuid4().hex}
+    _publish(url, queue, body)
+    got: list[Any] = []
+    with (
+        Connection(url, transport=TRANSPORT) as conn,
+        conn.Consumer(
+            [queue], callbacks=[lambda b, _m: got.append(b)], accept=["json"], no_ack=True
+        ),
+    ):
+        while not got:
+            conn.drain_events(timeout=5)
+    assert got == [body]
+    assert _find_unacked(broker, body) is None
+    assert broker.llen(queue.name) == 0
+
+
 def test_idle_consumer_of_two_queues_gets_a_message_on_the_one_it_is_not_waiting_on(
     url: str,
 ) -> None:
