@@ -40,6 +40,7 @@ def one_line_errors(fn: F) -> F:
 
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        import psycopg2
         import redis
         from sqlalchemy.exc import OperationalError
 
@@ -53,6 +54,11 @@ def one_line_errors(fn: F) -> F:
             fail(
                 f"cannot reach Postgres at {_safe_url(get_settings().database_url)}: "
                 f"{str(exc.orig).strip().splitlines()[0]}"
+            )
+        except psycopg2.OperationalError as exc:  # the benches talk to Postgres directly
+            fail(
+                f"cannot reach Postgres at {_safe_url(get_settings().database_url)}: "
+                f"{str(exc).strip().splitlines()[0]}"
             )
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             fail(f"cannot reach Redis at {_safe_url(get_settings().redis_url)}: {exc}")

@@ -12,6 +12,7 @@ import pytest
 
 from memory_core import RedisConversationMemory, save_session_to_thread_safe
 from memory_core.events import emit_event
+from memory_core.settings import get_settings
 from tests.conftest import make_snapshot
 
 REPO = Path(__file__).resolve().parents[1]
@@ -76,6 +77,18 @@ def test_unreachable_database_is_one_clear_line() -> None:
     assert out.stderr.startswith(
         "error: cannot reach Postgres at postgresql+psycopg2://u@127.0.0.1:1/x"
     )
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_bench_on_a_missing_database_is_one_clear_line() -> None:
+    """The workers bench connects with psycopg2 directly: its errors too are one line."""
+    url = get_settings().database_url.rsplit("/", 1)[0] + "/agent_memory_no_such_db"
+    out = run(
+        "bench", "workers", "--broker-url", "redis://127.0.0.1:1/0", env={"DATABASE_URL": url}
+    )
+    assert out.returncode == 1
+    assert out.stderr.startswith("error: cannot reach Postgres at ")
+    assert 'database "agent_memory_no_such_db" does not exist' in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
 
 
