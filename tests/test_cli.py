@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import uuid
-from pathlib import Path
 
 import pytest
 
@@ -14,20 +11,11 @@ from memory_core import RedisConversationMemory, save_session_to_thread_safe
 from memory_core.events import emit_event
 from memory_core.settings import get_settings
 from tests.conftest import make_snapshot
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.workers.harness import run_module
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "memory_core.cli", *args],
-        cwd=REPO,
-        env={**os.environ, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    return run_module("memory_core.cli", *args, env=env)
 
 
 @pytest.mark.parametrize(

@@ -49,6 +49,7 @@ from memory_core.settings import Settings, get_settings
 from tests.conftest import make_snapshot
 from tests.fakes import llm_server
 from tests.fakes.llm_server import FakeLLMServer
+from tests.workers.harness import run_module
 
 REPO = Path(__file__).resolve().parents[1]
 Q1 = "What was total revenue in 2025, excluding returns?"
@@ -74,15 +75,7 @@ def agent_graph(checkpointer: Any, settings: Settings | None = None) -> Any:
 
 
 def example(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "examples.analytics_agent", *args],
-        cwd=REPO,
-        env={**os.environ, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    return run_module("examples.analytics_agent", *args, env=env)
 
 
 def turns(thread_id: str) -> list[Any]:

@@ -12,7 +12,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 from memory_core import RedisConversationMemory, save_session_to_thread_safe
 from tests.conftest import make_snapshot
@@ -20,20 +20,24 @@ from tests.reliability.conftest import Tally
 from tests.workers.harness import producer, send_finalize
 
 
-class JobLoad:
-    def __init__(self, threads: int, interval_s: float, *, max_turns: int | None = None) -> None:
+class _AgentThreads:
+    """One daemon thread per conversation thread, running `_run(tid)` until stopped."""
+
+    join_s = 30.0
+
+    def __init__(self, threads: int, interval_s: float) -> None:
         self.tids = [uuid.uuid4() for _ in range(threads)]
         self.interval_s = interval_s
-        self.max_turns = max_turns
-        self.tally = Tally(sent={})
-        self.send_failures = 0
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.threads = [
             threading.Thread(target=self._run, args=(tid,), daemon=True) for tid in self.tids
         ]
 
-    def start(self) -> JobLoad:
+    def _run(self, tid: uuid.UUID) -> None:
+        raise NotImplementedError
+
+    def start(self) -> Self:
         for t in self.threads:
             t.start()
         return self
@@ -41,7 +45,15 @@ class JobLoad:
     def stop(self) -> None:
         self.stopping.set()
         for t in self.threads:
-            t.join(30)
+            t.join(self.join_s)
+
+
+class JobLoad(_AgentThreads):
+    def __init__(self, threads: int, interval_s: float, *, max_turns: int | None = None) -> None:
+        super().__init__(threads, interval_s)
+        self.max_turns = max_turns
+        self.tally = Tally(sent={})
+        self.send_failures = 0
 
     def _run(self, tid: uuid.UUID) -> None:
         app = producer()
@@ -74,27 +86,13 @@ class Outcome:
     seq: int | None
 
 
-class InProcessAgent:
+class InProcessAgent(_AgentThreads):
+    join_s = 60.0
+
     def __init__(self, threads: int, interval_s: float) -> None:
-        self.tids = [uuid.uuid4() for _ in range(threads)]
-        self.interval_s = interval_s
         self.outcomes: list[Outcome] = []
         self.errors: list[str] = []
-        self.lock = threading.Lock()
-        self.stopping = threading.Event()
-        self.threads = [
-            threading.Thread(target=self._run, args=(tid,), daemon=True) for tid in self.tids
-        ]
-
-    def start(self) -> InProcessAgent:
-        for t in self.threads:
-            t.start()
-        return self
-
-    def stop(self) -> None:
-        self.stopping.set()
-        for t in self.threads:
-            t.join(60)
+        super().__init__(threads, interval_s)
 
     @property
     def tally(self) -> Tally:

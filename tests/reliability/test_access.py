@@ -9,10 +9,8 @@ whether the thread's working copy is cached in Redis, expired, or Redis is down.
 
 from __future__ import annotations
 
-import os
 import statistics
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -32,7 +30,7 @@ from tests.conftest import make_snapshot
 from tests.fakes.langfuse_server import closed_port
 from tests.reliability import figures
 from tests.reliability.conftest import Stack
-from tests.workers.harness import REPO
+from tests.workers.harness import run_module
 
 pytestmark = [pytest.mark.reliability, pytest.mark.timeout(240)]
 
@@ -84,15 +82,7 @@ def _absent(tid: uuid.UUID, threads: list[Any]) -> None:
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "memory_core.cli", *args],
-        cwd=REPO,
-        env={**os.environ, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    return run_module("memory_core.cli", *args, env=env)
 
 
 def test_a_thread_is_never_returned_to_another_owner(stack: Stack) -> None:

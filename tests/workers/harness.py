@@ -19,6 +19,21 @@ from memory_core.settings import get_settings
 REPO = Path(__file__).resolve().parents[2]
 
 
+def run_module(
+    module: str, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`python -m module args` from the repo root, as a newcomer would run it; never raises."""
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
 class WorkerProcess:
     """`celery -A workers.app worker` in its own process group, logging to a file."""
 
