@@ -33,7 +33,7 @@ from memory_core.redis_client import reset_redis_clients
 from memory_core.settings import get_settings, reset_settings_cache
 from tests.fakes.llm_server import FakeLLMServer
 from tests.reliability.services import PrivatePostgres, PrivateRedis, make_data_dir, remove_tree
-from tests.workers.harness import REPO, WorkerProcess, producer
+from tests.workers.harness import REPO, WorkerProcess, producer, worker_test_env
 
 DATABASE = "agent_memory_reliability"
 _ENV_KEYS = ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL", "MEMORY_EVENTS_STREAM")
@@ -121,15 +121,7 @@ def events_stream() -> str:
 
 @pytest.fixture
 def worker_env(llm: FakeLLMServer, events_stream: str) -> dict[str, str]:
-    return {
-        "OPENAI_BASE_URL": llm.base_url,
-        "OPENAI_API_KEY": "sk-test",
-        "LANGFUSE_PUBLIC_KEY": "",
-        "LANGFUSE_SECRET_KEY": "",
-        "MEMORY_LLM_TIMEOUT_S": "10",
-        "MEMORY_EVENTS_STREAM": events_stream,
-        "MEMORY_WORKER_SOFT_SHUTDOWN_S": "10",
-    }
+    return worker_test_env(llm.base_url, events_stream)
 
 
 LOG_DIR = REPO / ".agent-memory" / "reliability" / "logs"

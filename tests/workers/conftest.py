@@ -13,7 +13,7 @@ from celery import Celery
 
 from memory_core.settings import get_settings
 from tests.fakes.llm_server import FakeLLMServer
-from tests.workers.harness import WorkerProcess, producer
+from tests.workers.harness import WorkerProcess, producer, worker_test_env
 
 
 @pytest.fixture
@@ -31,15 +31,7 @@ def events_stream(redis_client: redis.Redis) -> Iterator[str]:
 
 @pytest.fixture
 def worker_env(llm: FakeLLMServer, events_stream: str) -> dict[str, str]:
-    return {
-        "OPENAI_BASE_URL": llm.base_url,
-        "OPENAI_API_KEY": "sk-test",
-        "LANGFUSE_PUBLIC_KEY": "",
-        "LANGFUSE_SECRET_KEY": "",
-        "MEMORY_LLM_TIMEOUT_S": "10",
-        "MEMORY_EVENTS_STREAM": events_stream,
-        "MEMORY_WORKER_SOFT_SHUTDOWN_S": "10",
-    }
+    return worker_test_env(llm.base_url, events_stream)
 
 
 @pytest.fixture

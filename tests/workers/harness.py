@@ -19,6 +19,19 @@ from memory_core.settings import get_settings
 REPO = Path(__file__).resolve().parents[2]
 
 
+def worker_test_env(llm_base_url: str, events_stream: str) -> dict[str, str]:
+    """What every test worker runs with: the fake LLM, no Langfuse, its own event stream."""
+    return {
+        "OPENAI_BASE_URL": llm_base_url,
+        "OPENAI_API_KEY": "sk-test",
+        "LANGFUSE_PUBLIC_KEY": "",
+        "LANGFUSE_SECRET_KEY": "",
+        "MEMORY_LLM_TIMEOUT_S": "10",
+        "MEMORY_EVENTS_STREAM": events_stream,
+        "MEMORY_WORKER_SOFT_SHUTDOWN_S": "10",
+    }
+
+
 def run_module(
     module: str, *args: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
