@@ -2,16 +2,48 @@
 
 Stored in `thread_messages.artifacts` and read back as-is everywhere downstream.
 Visualization and dashboard artifacts are compact descriptors, never raw configs.
+
+Every descriptor field (names, types, chart kinds, column names, string ids) is flattened to
+one line and length-bounded when derived: names may come from dashboards other users wrote,
+and a newline in one must not put a line of its own into a view or a fold prompt. Rendering
+flattens again (rows stored before this rule) and quotes names as JSON strings.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+NAME_MAX_CHARS = 200
+LABEL_MAX_CHARS = 100  # types, chart kinds, column names
+ID_MAX_CHARS = 255  # string ids: the input limit, so an id is never cut
+COLUMNS_MAX = 50
+# Line breaks of every kind (what str.splitlines() splits on) and other C0/C1 controls.
+_BREAKS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
+
+
+def one_line(text: str, limit: int) -> str:
+    """`text` on one line (runs of breaks, controls and spaces become one space), bounded."""
+    flat = " ".join(_BREAKS.sub(" ", text).split())
+    return flat if len(flat) <= limit else flat[: limit - 3].rstrip() + "..."
+
+
+def _quoted(text: str) -> str:
+    return json.dumps(one_line(text, NAME_MAX_CHARS), ensure_ascii=False)
+
+
+def _label(value: object) -> str:
+    return one_line(str(value), LABEL_MAX_CHARS)
+
+
+def _id(value: int | str | None) -> int | str | None:
+    return value if value is None or isinstance(value, int) else one_line(value, ID_MAX_CHARS)
 
 
 class SqlArtifact(BaseModel):
@@ -24,7 +56,9 @@ class SqlArtifact(BaseModel):
         return f"SQL: {flat[:117] + '...' if len(flat) > 120 else flat}"
 
     def expanded(self) -> str:
-        return f"SQL:\n{self.sql}"
+        """The statement verbatim, every line indented two spaces: SQL is multi-line user
+        text, and indented it cannot pose as a line of the view around it."""
+        return "SQL:\n" + indent_block(self.sql)
 
 
 class VisualizationArtifact(BaseModel):
@@ -39,16 +73,20 @@ class VisualizationArtifact(BaseModel):
     series: list[str] = Field(default_factory=list)
 
     def one_line(self) -> str:
-        kind = f"{self.type.lower()}/{self.chart}" if self.chart else self.type.lower()
-        return f'Visualization #{self.id} "{self.name}" ({kind})'
+        vtype, chart = _label(self.type).lower(), _label(self.chart) if self.chart else None
+        kind = f"{vtype}/{chart}" if chart else vtype
+        return f"Visualization #{_id(self.id)} {_quoted(self.name)} ({kind})"
 
     def expanded(self) -> str:
-        lines = [f'Visualization #{self.id} "{self.name}"', f"  type: {self.type}"]
+        lines = [
+            f"Visualization #{_id(self.id)} {_quoted(self.name)}",
+            f"  type: {_label(self.type)}",
+        ]
         if self.chart:
-            lines.append(f"  chart: {self.chart}")
+            lines.append(f"  chart: {_label(self.chart)}")
         for label, cols in (("x", self.x), ("y", self.y), ("series", self.series)):
             if cols:
-                lines.append(f"  {label}: {', '.join(cols)}")
+                lines.append(f"  {label}: {', '.join(_label(c) for c in cols)}")
         return "\n".join(lines)
 
 
@@ -61,12 +99,12 @@ class DashboardArtifact(BaseModel):
     visualization_ids: list[int | str] = Field(default_factory=list)
 
     def one_line(self) -> str:
-        return f'Dashboard #{self.id} "{self.name}" ({self.widget_count} widgets)'
+        return f"Dashboard #{_id(self.id)} {_quoted(self.name)} ({self.widget_count} widgets)"
 
     def expanded(self) -> str:
-        vids = ", ".join(f"#{v}" for v in self.visualization_ids) or "none"
+        vids = ", ".join(f"#{_id(v)}" for v in self.visualization_ids) or "none"
         return (
-            f'Dashboard #{self.id} "{self.name}"\n'
+            f"Dashboard #{_id(self.id)} {_quoted(self.name)}\n"
             f"  widgets: {self.widget_count}\n  visualizations: {vids}"
         )
 
@@ -75,6 +113,12 @@ Artifact = Annotated[
     SqlArtifact | VisualizationArtifact | DashboardArtifact, Field(discriminator="kind")
 ]
 ARTIFACTS_ADAPTER: TypeAdapter[list[Artifact]] = TypeAdapter(list[Artifact])
+
+
+def indent_block(text: str, prefix: str = "  ") -> str:
+    """Every line of `text` (split on every kind of line break) behind `prefix`."""
+    return "\n".join(prefix + line for line in text.splitlines() or [""])
+
 
 # Redash CHART columnMapping roles we keep; anything else (yError, size, ...) is dropped.
 _ROLES = ("x", "y", "series")
@@ -87,15 +131,16 @@ def describe_visualization(viz: Mapping[str, Any]) -> VisualizationArtifact:
     cols: dict[str, list[str]] = {role: [] for role in _ROLES}
     if isinstance(mapping, Mapping):
         for column, role in mapping.items():
-            if isinstance(role, str) and role in cols:  # free-form JSON: a role may be a list
-                cols[role].append(str(column))
-    vtype = str(viz.get("type") or "UNKNOWN")
+            # Free-form JSON: a role may be a list. Columns are bounded like every label.
+            if isinstance(role, str) and role in cols and len(cols[role]) < COLUMNS_MAX:
+                cols[role].append(_label(column))
+    vtype = _label(viz.get("type") or "UNKNOWN")
     chart = options.get("globalSeriesType") if vtype.upper() == "CHART" else None
     return VisualizationArtifact(
-        id=viz.get("id"),
+        id=_id(viz.get("id")),
         type=vtype,
-        name=str(viz.get("name") or ""),
-        chart=str(chart) if chart else None,
+        name=one_line(str(viz.get("name") or ""), NAME_MAX_CHARS),
+        chart=_label(chart) if chart else None,
         **cols,
     )
 
@@ -109,10 +154,10 @@ def _widget_visualization_id(widget: Mapping[str, Any]) -> int | str | None:
 
 def describe_dashboard(dash: Mapping[str, Any]) -> DashboardArtifact:
     widgets = dash.get("widgets") or []
-    vids = [v for v in (_widget_visualization_id(w) for w in widgets) if v is not None]
+    vids = [_id(v) for v in (_widget_visualization_id(w) for w in widgets) if v is not None]
     return DashboardArtifact(
-        id=dash.get("id"),
-        name=str(dash.get("name") or ""),
+        id=_id(dash.get("id")),
+        name=one_line(str(dash.get("name") or ""), NAME_MAX_CHARS),
         widget_count=len(widgets),
         visualization_ids=list(dict.fromkeys(vids)),
     )

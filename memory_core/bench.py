@@ -35,7 +35,6 @@ from typing import Any
 
 import psycopg2
 import redis
-import structlog
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
 
@@ -47,7 +46,7 @@ from memory_core.redis_client import make_redis
 from memory_core.session_handler import TITLE_MAX, save_session_to_thread_safe
 from memory_core.settings import Settings
 from memory_core.snapshot import TurnSnapshot
-from memory_core.tokens import count_tokens, encoding
+from memory_core.tokens import count_cache, encoding
 from memory_core.views import render_conversation_context
 from memory_core.working_copy import _WRITE
 
@@ -177,23 +176,21 @@ def _exchange(snap: dict[str, Any], seq: int) -> Exchange:
 
 @contextmanager
 def _json_logs_to_devnull() -> Iterator[None]:
-    """Production-like structlog output (JSON at INFO), written to /dev/null; restored after."""
-    configured, old = structlog.is_configured(), structlog.get_config()
+    """Production-like logging (JSON lines at INFO, as the workers run), written to /dev/null.
+
+    The root logger's handlers and level are restored afterwards.
+    """
+    from memory_core.logs import configure_logging
+
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
     with open(os.devnull, "w") as devnull:
-        procs = structlog.processors
-        structlog.configure(
-            processors=[procs.add_log_level, procs.TimeStamper(fmt="iso"), procs.JSONRenderer()],
-            wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
-            logger_factory=structlog.PrintLoggerFactory(devnull),
-            cache_logger_on_first_use=False,
-        )
+        configure_logging(logging.INFO, stream=devnull)
         try:
             yield
         finally:
-            if configured:
-                structlog.configure(**old)
-            else:
-                structlog.reset_defaults()
+            root.handlers[:] = handlers
+            root.setLevel(level)
 
 
 class _Bench:
@@ -401,7 +398,7 @@ class _Bench:
             thread_id=tid, summary=SUMMARY, summary_through_seq=0, recent=recent
         )
         text = render_conversation_context(ctx, "sql", 2000)
-        enc, clear = encoding(), count_tokens.cache_clear
+        enc, clear = encoding(), count_cache().clear
 
         def view(_: int) -> None:
             render_conversation_context(ctx, "sql", 2000)

@@ -3,29 +3,41 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 from collections import OrderedDict
-from contextlib import AbstractContextManager
-from typing import Any, Generic, TypeVar
+from contextlib import AbstractContextManager, suppress
+from typing import Any
 from uuid import UUID
 
 import redis
-import structlog
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
+from memory_core.caches import BoundedCache
 from memory_core.context import ConversationContext, Exchange
 from memory_core.db import get_engine, retry_on_disconnect, session_scope
+from memory_core.logs import describe_error, get_logger
 from memory_core.metrics import CACHE_READS, REHYDRATIONS
 from memory_core.models import ConversationThread
 from memory_core.redis_client import get_redis
 from memory_core.settings import Settings, get_settings
-from memory_core.working_copy import WorkingCopy, context_from_copy
+from memory_core.settings_check import announce
+from memory_core.working_copy import NOT_OWNER, WorkingCopy, context_from_copy
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
-# Errors that mean "the cache is unavailable", never "the data is wrong".
-REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError, OSError)
+# Anything Redis can answer with instead of data: unreachable, timeouts, out of memory under
+# `noeviction`, READONLY after a failover, other error replies. None of them may fail a read
+# (served from Postgres) or a write whose turn is already committed.
+CACHE_ERRORS = (redis.RedisError, OSError)
+REDIS_ERRORS = CACHE_ERRORS  # the older name
+
+
+def describe_cache_error(exc: BaseException) -> str:
+    """Redis's error class and first line (server replies and client errors quote no data)."""
+    first = next(iter(str(exc).strip().splitlines()), "")
+    return f"{type(exc).__name__}: {first[:200]}" if first else type(exc).__name__
 
 
 class _CopiesBehind:
@@ -50,6 +62,10 @@ class _CopiesBehind:
             ids[thread_id] = None
             while len(ids) > self.MAX:
                 ids.popitem(last=False)
+
+    def contains(self, copy_id: str, thread_id: UUID) -> bool:
+        ids = self._ids.get(copy_id)
+        return bool(ids) and thread_id in ids  # type: ignore[operator]
 
     def pending(self, copy_id: str, limit: int = 500) -> list[UUID]:
         if not self._ids.get(copy_id):  # the common case: no lock, no allocation
@@ -115,8 +131,10 @@ class RedisConversationMemory:
         self.redis = redis_client if redis_client is not None else get_redis(s.redis_url)
         self.engine = engine if engine is not None else get_engine(s.database_url)
         # Parsed contexts by copy version: a hit on an unchanged copy skips re-validation.
-        self._parsed: _LRU[UUID, tuple[bytes, ConversationContext]] = _LRU(
-            s.memory_local_cache_size if local_cache_size is None else local_cache_size
+        # Bounded in entries and in bytes (of the copies' stored JSON).
+        self._parsed: BoundedCache[UUID, tuple[bytes, ConversationContext]] = BoundedCache(
+            s.memory_local_cache_size if local_cache_size is None else local_cache_size,
+            s.memory_local_cache_max_bytes,
         )
         self.copy = WorkingCopy(
             self.redis,
@@ -124,6 +142,7 @@ class RedisConversationMemory:
             ttl_ms=int(self.ttl_hours * 3_600_000),
             cap=self.max_unfolded_messages,
         )
+        announce(self)  # once an hour per process and settings, off the caller's path
         where = self.redis.connection_pool.connection_kwargs
         self._copy_id = (
             f"{where.get('host', where.get('path'))}:{where.get('port')}/{where.get('db')}"
@@ -135,33 +154,61 @@ class RedisConversationMemory:
     def get_context(self, thread_id: UUID | str, owner_id: str) -> ConversationContext:
         """The thread's summary + unfolded turns; `ThreadNotFound` for strangers and unknowns.
 
-        A hit is one Redis round trip. A miss (expired copy) or an unreachable Redis reads
-        Postgres; a miss also repopulates the copy.
+        A hit is one Redis round trip; the owner is checked inside Redis, so a stranger's read
+        ships nothing of the copy. A miss (expired copy) reads Postgres and repopulates the
+        copy. Whatever Redis answers with (unreachable, out of memory, read-only, a copy that
+        does not parse), the context is served from Postgres instead.
         """
         tid = _as_uuid(thread_id)
         _check_owner(tid, owner_id)
-        known = self._parsed.get(tid)
+        try:
+            found = self._read_copy(tid, owner_id)
+        except Exception as exc:
+            return self._read_around_cache(tid, owner_id, exc)
+        if found is NOT_OWNER:
+            # The same owner-checked Postgres look-up as for an unknown thread, so a stranger
+            # is refused no faster than for a thread that does not exist. Should the owner
+            # find it after all, the copy was not theirs (a partial write): drop it.
+            ctx = self._load(tid, owner_id)
+            self._discard_copy(tid)
+            return ctx
+        CACHE_READS.labels("miss" if found is None else "hit").inc()
+        return found if isinstance(found, ConversationContext) else self.rehydrate(tid, owner_id)
+
+    def _read_copy(self, tid: UUID, owner_id: str) -> ConversationContext | str | None:
         try:
             self._drop_copies_behind()
-            found = self.copy.read_if_changed(tid, known[0] if known else None)
-        except REDIS_ERRORS as exc:
-            log.warning("memory.cache_unavailable", thread_id=str(tid), error=str(exc))
-            CACHE_READS.labels("unavailable").inc()
-            return self._load(tid, owner_id)
-        CACHE_READS.labels("miss" if found is None else "hit").inc()
-        if found is not None:
-            version, meta, members = found
-            if meta.get(b"owner", b"").decode() != owner_id:
-                # Refuse no faster than for an unknown thread (whose miss costs a Postgres
-                # look-up): an instant refusal told a stranger the thread exists.
-                self._load(tid, owner_id)  # finds nothing for this owner: ThreadNotFound
-                raise ThreadNotFound(tid)
-            if members is None and known is not None:
-                return known[1]  # unchanged since this process parsed it
-            ctx = context_from_copy(tid, meta, members or [])
-            self._parsed.put(tid, (version, ctx))
-            return ctx
-        return self.rehydrate(tid, owner_id)
+        except CACHE_ERRORS:
+            if COPIES_BEHIND.contains(self._copy_id, tid):
+                raise  # this copy may miss turns and cannot be dropped: read around it
+        known = self._parsed.get(tid)
+        found = self.copy.read_if_changed(tid, owner_id, known[0] if known else None)
+        if found is None or isinstance(found, str):
+            return found
+        version, meta, members = found
+        if members is None and known is not None:
+            return known[1]  # unchanged since this process parsed it
+        ctx = context_from_copy(tid, meta, members or [])
+        self._parsed.put(tid, (version, ctx), sum(map(len, members or ())))
+        return ctx
+
+    def _read_around_cache(self, tid: UUID, owner_id: str, exc: Exception) -> ConversationContext:
+        """Serve from Postgres (uncached) when the copy cannot be read or trusted."""
+        CACHE_READS.labels("unavailable").inc()
+        if isinstance(exc, CACHE_ERRORS):
+            log.warning(
+                "memory.cache_unavailable",
+                thread_id=str(tid),
+                error=describe_cache_error(exc),
+            )
+        else:  # the copy did not parse: rebuild it on the next read
+            log.error(
+                "memory.cache_corrupt",
+                thread_id=str(tid),
+                error=describe_error(exc),
+            )
+            self._discard_copy(tid)
+        return self._load(tid, owner_id)
 
     def rehydrate(self, thread_id: UUID | str, owner_id: str) -> ConversationContext:
         """Rebuild the working copy from Postgres (the stored summary + unfolded turns)."""
@@ -195,13 +242,25 @@ class RedisConversationMemory:
     def _store(self, owner_id: str, ctx: ConversationContext, last_seq: int) -> None:
         try:
             self.copy.merge(owner_id, ctx, last_seq)
-        except REDIS_ERRORS as exc:
-            log.warning("memory.cache_write_failed", thread_id=str(ctx.thread_id), error=str(exc))
-            self.mark_copy_behind(ctx.thread_id)
+        except Exception as exc:
+            self._write_failed(ctx.thread_id, exc)
+
+    def _write_failed(self, thread_id: UUID, exc: BaseException) -> None:
+        """A copy write failed (perhaps half-way): drop the copy once Redis lets us."""
+        error = describe_cache_error(exc) if isinstance(exc, CACHE_ERRORS) else describe_error(exc)
+        level = logging.WARNING if isinstance(exc, CACHE_ERRORS) else logging.ERROR
+        log.log(level, "memory.cache_write_failed", thread_id=str(thread_id), error=error)
+        self.mark_copy_behind(thread_id)
 
     def mark_copy_behind(self, thread_id: UUID) -> None:
         """A write to this thread's copy failed: drop the copy once Redis answers again."""
         COPIES_BEHIND.add(self._copy_id, thread_id)
+
+    def drop_copies_behind(self) -> None:
+        """Best effort: drop the copies this process failed to update (workers that only
+        fold call this on every fold, so they too act on what they marked)."""
+        with suppress(redis.RedisError, OSError):
+            self._drop_copies_behind()
 
     def _drop_copies_behind(self) -> None:
         """Delete the copies this process failed to update (raises Redis errors)."""
@@ -209,6 +268,12 @@ class RedisConversationMemory:
             self.redis.delete(*(key for tid in behind for key in self.copy.keys(tid)))
             COPIES_BEHIND.done(self._copy_id, behind)
             log.info("memory.cache_dropped_behind", threads=len(behind))
+
+    def _discard_copy(self, tid: UUID) -> None:
+        try:
+            self.copy.delete(tid)
+        except Exception as exc:
+            self._write_failed(tid, exc)
 
     def session_factory(self) -> AbstractContextManager[Session]:
         """An ORM session on this memory's database, one transaction (commit or rollback)."""
@@ -219,8 +284,10 @@ class RedisConversationMemory:
     def record_turn(self, owner_id: str, thread_id: UUID, through: int, turn: Exchange) -> str:
         """Add a committed turn to the copy, rebuilding from Postgres if the copy is behind.
 
-        Returns the outcome for logs/metrics: ok, rebuilt, or unavailable. Never raises for
-        Redis trouble: the turn is already durable in Postgres.
+        Returns the outcome for logs/metrics: ok, rebuilt, or unavailable. Never raises: the
+        turn is already durable in Postgres, and whatever failed here (Redis refusing the
+        write, Postgres failing the rebuild) leaves the copy marked to be dropped, so no read
+        serves it without the turn.
         """
         try:
             self._drop_copies_behind()
@@ -230,47 +297,32 @@ class RedisConversationMemory:
             else:
                 status = self.copy.append(thread_id, owner_id, through, turn)
             if status in ("missing", "gap", "stale"):
-                log.info("memory.cache_rebuild", thread_id=str(thread_id), reason=status)
-                self.rehydrate(thread_id, owner_id)
+                log.info(
+                    "memory.cache_rebuild",
+                    thread_id=str(thread_id),
+                    reason=status,
+                )
+                ctx, last_seq = self._load_with_last(thread_id, owner_id)
+                self.copy.merge(owner_id, ctx, last_seq)
+                REHYDRATIONS.inc()
                 return "rebuilt"
             return status
-        except REDIS_ERRORS as exc:
-            log.warning("memory.cache_write_failed", thread_id=str(thread_id), error=str(exc))
-            self.mark_copy_behind(thread_id)
+        except Exception as exc:
+            self._write_failed(thread_id, exc)
+            return "unavailable"
+
+    def refresh_summary(self, owner_id: str, thread_id: UUID, summary: str, through: int) -> str:
+        """Carry a fold's summary into the copy, if there is one; never raises."""
+        try:
+            self._drop_copies_behind()
+            return self.copy.refresh(owner_id, thread_id, summary, through)
+        except Exception as exc:
+            self._write_failed(thread_id, exc)
             return "unavailable"
 
     def invalidate(self, thread_id: UUID | str) -> None:
         """Drop the working copy (the next read rehydrates from Postgres)."""
         self.copy.delete(_as_uuid(thread_id))
-
-
-K = TypeVar("K")
-V = TypeVar("V")
-
-
-class _LRU(Generic[K, V]):
-    """A small thread-safe LRU map; size 0 disables it."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._data: OrderedDict[K, V] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: K) -> V | None:
-        with self._lock:
-            value = self._data.get(key)
-            if value is not None:
-                self._data.move_to_end(key)
-            return value
-
-    def put(self, key: K, value: V) -> None:
-        if self.size <= 0:
-            return
-        with self._lock:
-            self._data[key] = value
-            self._data.move_to_end(key)
-            while len(self._data) > self.size:
-                self._data.popitem(last=False)
 
 
 def _check_owner(thread_id: UUID, owner_id: str) -> None:

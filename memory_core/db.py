@@ -37,6 +37,8 @@ def make_engine(url: str) -> Engine:
         max_overflow=10,
         # Fail fast when Postgres is down: finalize reports "failed" instead of hanging.
         connect_args={"connect_timeout": 5, "application_name": "agent-memory"},
+        # Bound parameters are user content (queries, answers, owner ids): never in errors.
+        hide_parameters=True,
     )
 
 
@@ -82,6 +84,27 @@ def reset_engines() -> None:
 
 
 T = TypeVar("T")
+
+
+def describe_db_error(exc: BaseException) -> str:
+    """One line about a database error that quotes no row content.
+
+    Server messages can quote values (`DETAIL: Failing row contains (...)`, `invalid input
+    syntax for type ...: "..."`) and SQLAlchemy appends the statement. Kept: the driver's error
+    class, the SQLSTATE and, only for classes whose first line names no value (connection,
+    resources, lock/lock-timeout, operator intervention, deadlock/serialization), that line.
+    """
+    orig = getattr(exc, "orig", None) or exc
+    code = getattr(orig, "pgcode", None)
+    head = type(orig).__name__ + (f" SQLSTATE {code}" if code else "")
+    if code is None or str(code).startswith(_SAFE_SQLSTATE_CLASSES):
+        first = next(iter(str(orig).strip().splitlines()), "")
+        if first:
+            return f"{head}: {first[:200]}"
+    return head
+
+
+_SAFE_SQLSTATE_CLASSES = ("08", "40", "53", "55", "57")
 
 
 def retry_on_disconnect(work: Callable[[], T]) -> T:

@@ -40,7 +40,7 @@ from memory_core.demo_script import CONVERSATION, FOLLOW_UP, OWNER, VIEWS, Turn,
 from memory_core.devservices import DevServices, ensure_services
 from memory_core.events import MEMORY_SUMMARIZATION_FAILED as FOLD_FAILED
 from memory_core.events import MEMORY_SUMMARIZED as FOLDED
-from memory_core.events import Event, EventConsumer, format_event
+from memory_core.events import Event, EventConsumer, format_event, routine_stream
 from memory_core.migrate import upgrade
 from memory_core.redis_client import make_redis
 from memory_core.settings import Settings
@@ -48,7 +48,7 @@ from memory_core.tokens import count_tokens
 from memory_core.views import render_conversation_context
 
 REPO = Path(__file__).resolve().parent.parent
-BUDGET = 800  # tokens per node view
+BUDGET = 1000  # tokens per node view
 # Summary bound for the demo's workers: the LLM-free fold fills its whole bound (default 1500
 # tokens), which would leave no room for recent exchanges in an 800-token view. An explicit
 # MEMORY_SUMMARY_MAX_TOKENS wins.
@@ -121,7 +121,7 @@ class Demo:
         self.workers: list[Worker] = []
         self.settings = Settings()
         self.thread_id = uuid.uuid4()
-        self.last_event = "0-0"
+        self.last_events: dict[str, str] = {}
         explicit = "memory_summary_max_tokens" in self.settings.model_fields_set
         self.bound = str(self.settings.memory_summary_max_tokens) if explicit else DEMO_BOUND
 
@@ -309,15 +309,20 @@ class Demo:
         return row if row is not None and row.last_seq >= min_seq else None
 
     def fold_event(self, tid: uuid.UUID) -> Event | None:
-        """The thread's next fold outcome on this run's event stream, if there is one yet."""
-        page = self.memory.redis.xrange(self.stream, min=f"({self.last_event}", count=100)
-        for eid, raw in cast(list[Any], page):
-            event = Event.from_entry(eid, raw)
-            self.last_event = event.id
-            if event.thread_id == str(tid) and event.event == FOLDED:
-                return event
-            if event.thread_id == str(tid) and event.event == FOLD_FAILED:
-                raise DemoError(f"fold failed: {event.error}")
+        """The thread's next fold outcome on this run's event streams, if there is one yet.
+
+        Failures are on the stream itself, successful folds on its routine stream.
+        """
+        for stream in (self.stream, routine_stream(self.stream)):
+            start = self.last_events.get(stream, "0-0")
+            page = self.memory.redis.xrange(stream, min=f"({start}", count=100)
+            for eid, raw in cast(list[Any], page):
+                event = Event.from_entry(eid, raw)
+                self.last_events[stream] = event.id
+                if event.thread_id == str(tid) and event.event == FOLDED:
+                    return event
+                if event.thread_id == str(tid) and event.event == FOLD_FAILED:
+                    raise DemoError(f"fold failed: {event.error}")
         return None
 
     def wait(self, what: str, check: Callable[[], T | None], timeout_s: float) -> T:
@@ -342,7 +347,8 @@ class Demo:
             steps += [("broker purge", self.purge), ("producer", self.producer.close)]
         if hasattr(self, "memory"):
             redis = self.memory.redis
-            steps += [("event stream", lambda: redis.expire(self.stream, 86_400))]
+            streams = (self.stream, routine_stream(self.stream))
+            steps += [("event streams", lambda: [redis.expire(x, 86_400) for x in streams])]
             steps += [("redis client", redis.close)]
         steps.append(("database pool", reset_engines))
         if self.services is not None:

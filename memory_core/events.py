@@ -10,38 +10,60 @@ Text handling: `error` is cut to `MAX_ERROR_CHARS` characters (the last three be
 Lone surrogates (which UTF-8, and so Redis, cannot store) are replaced by U+FFFD in every field;
 any other text, control characters included, round-trips unchanged.
 
-Consumer: `EventConsumer` reads through a consumer group with at-least-once delivery. `read`
-returns this consumer's own pending entries first (what it read but never acked, e.g. before a
-crash; XREADGROUP with id 0 counts as a new delivery), then new ones. `claim_stale` takes over
-entries left idle by dead consumers. An entry delivered more than `max_deliveries` times is
-copied to the dead-letter stream (default `<stream>:dead`) with the fields `original_id`,
-`original_stream`, `deliveries`, `group`, `consumer`, `dead_lettered_at`, and acked.
+Two streams: failure and lifecycle events (`memory_summarization_failed`,
+`memory_finalize_rejected`, ...) go to `memory:events`; the routine `memory_summarized` (one
+per successful fold) goes to `memory:events:routine`, capped on its own, so a busy day of folds
+never trims a failure out of `memory:events` before its consumers read it.
+
+Consumer contract (`EventConsumer`, at-least-once through a consumer group):
+* `read` returns this consumer's own pending entries that are due again (read but not acked:
+  the handler failed, or the process died), then new ones. An entry is due again only after it
+  sat unacked for `retry_after_ms` x 2^(deliveries-1) (capped at 10 min): a handler failing
+  for a moment is retried a few seconds later, not burnt through its deliveries at once.
+* An entry delivered more than `max_deliveries` times is copied to the dead-letter stream
+  (default `<stream>:dead`) with the fields `original_id`, `original_stream`, `deliveries`,
+  `group`, `consumer`, `dead_lettered_at`, and acked.
+* `claim_stale` takes over entries left idle by dead consumers (each claim is a delivery).
+* Lag: streams are trimmed to about `MEMORY_EVENTS_MAXLEN` entries. A group that falls that far
+  behind loses entries. `read` checks the group's lag every `lag_check_s` seconds: the gauge
+  `memory_events_consumer_lag{stream,group}` and, once the lag passes half the cap (or entries
+  were trimmed unread), a `memory.events_lag_at_risk` / `memory.events_lost` warning.
 """
 
 from __future__ import annotations
 
 import re
 import socket
+import time
 from collections.abc import Generator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, cast
 
-import structlog
 from redis import Redis
 from redis.exceptions import ResponseError
 
+from memory_core.logs import get_logger
+from memory_core.metrics import EVENTS_CONSUMER_LAG, EVENTS_LOST
 from memory_core.settings import get_settings
 
 MEMORY_SUMMARIZATION_FAILED = "memory_summarization_failed"
 MEMORY_SUMMARIZED = "memory_summarized"
 MEMORY_FINALIZE_REJECTED = "memory_finalize_rejected"
+# Emitted on every successful fold: kept apart so it never trims failures away.
+ROUTINE_EVENTS = frozenset({MEMORY_SUMMARIZED})
 
 EVENT_FIELDS = ("event", "thread_id", "session_id", "attempt", "error", "retry_in_s", "at")
 MAX_ERROR_CHARS = 2000
 
 _SURROGATES = re.compile("[\ud800-\udfff]")
-_log = structlog.get_logger()
+_log = get_logger(__name__)
+MAX_RETRY_WAIT_MS = 600_000
+
+
+def routine_stream(stream: str) -> str:
+    """Where routine events of `stream` go (`memory:events` -> `memory:events:routine`)."""
+    return f"{stream}:routine"
 
 
 def _now_iso() -> str:
@@ -78,6 +100,9 @@ def emit_event(
 ) -> str | None:
     """XADD one event (MAXLEN ~ `maxlen`); returns the entry id, or None if Redis failed.
 
+    Without `stream`: routine events (`ROUTINE_EVENTS`) go to the routine stream of
+    `MEMORY_EVENTS_STREAM`, the others to `MEMORY_EVENTS_STREAM` itself.
+
     Never raises, so a failure path can always call it. How long it can take when Redis is down
     is set by the client: its socket timeouts and its `retry` policy (redis-py's default retries
     a refused connection 10 times, about 4 s); give failure-path clients a bounded policy.
@@ -94,11 +119,18 @@ def emit_event(
             "at": _now_iso(),
         }  # extra fields never override these
         fields.update({_clean(k): _clean(v) for k, v in extra.items() if k not in fields})
-        stream = settings.memory_events_stream if stream is None else stream
+        if stream is None:
+            stream = settings.memory_events_stream
+            if event in ROUTINE_EVENTS:
+                stream = routine_stream(stream)
         maxlen = settings.memory_events_maxlen if maxlen is None else maxlen
         return _text(redis.xadd(stream, cast(Any, fields), maxlen=maxlen, approximate=True))
     except Exception as exc:
-        _log.warning("memory_event_emit_failed", event_name=event, error=repr(exc))
+        _log.warning(
+            "memory.event_emit_failed",
+            event_name=event,
+            error=type(exc).__name__,
+        )
         return None
 
 
@@ -174,15 +206,22 @@ class EventConsumer:
         stream: str | None = None,
         max_deliveries: int = 5,
         dead_letter_stream: str | None = None,
+        retry_after_ms: int = 5_000,
+        lag_check_s: float = 30.0,
     ) -> None:
         if max_deliveries < 1:
             raise ValueError("max_deliveries must be at least 1")
+        if retry_after_ms < 0:
+            raise ValueError("retry_after_ms must not be negative")
         self.redis = redis
         self.group = group
         self.consumer = consumer
         self.stream = stream if stream is not None else get_settings().memory_events_stream
         self.max_deliveries = max_deliveries
         self.dead_letter_stream = dead_letter_stream or f"{self.stream}:dead"
+        self.retry_after_ms = retry_after_ms
+        self.lag_check_s = lag_check_s
+        self._lag_checked = -float("inf")
 
     def ensure_group(self, start_id: str = "0") -> bool:
         """Create the group (and the stream); True if created, False if it already existed."""
@@ -195,23 +234,54 @@ class EventConsumer:
         return True
 
     def read(self, count: int = 10, block_ms: int | None = None) -> list[Event]:
-        """This consumer's own pending entries first; when there are none, new entries.
+        """Own pending entries that are due again; when there are none, new entries.
 
         `block_ms` applies to new entries only (None: do not block).
         """
-        while True:
-            own = self.redis.xreadgroup(self.group, self.consumer, {self.stream: "0"}, count=count)
-            pending = _entries(own)
-            if not pending:
-                break
-            events = self._screen(pending)
-            if events:
-                return events
-            # every entry of that page was acked (deleted or dead-lettered): look again
+        if time.monotonic() - self._lag_checked >= self.lag_check_s:
+            self.check_lag()
+        due = self._due_again(count)
+        if due:
+            return due
         new = self.redis.xreadgroup(
             self.group, self.consumer, {self.stream: ">"}, count=count, block=block_ms
         )
         return [Event.from_entry(eid, raw, deliveries=1) for eid, raw in _entries(new)]
+
+    def wait_ms(self, deliveries: int) -> int:
+        """How long an entry delivered `deliveries` times sits unacked before it is due again."""
+        return int(min(self.retry_after_ms * 2 ** max(deliveries - 1, 0), MAX_RETRY_WAIT_MS))
+
+    def _due_again(self, count: int) -> list[Event]:
+        """Claim (a new delivery) this consumer's pending entries whose wait is over."""
+        while True:
+            rows = self.redis.xpending_range(
+                self.stream,
+                self.group,
+                "-",
+                "+",
+                count,
+                consumername=self.consumer,
+                idle=self.retry_after_ms,
+            )
+            ids = [
+                _text(r["message_id"])
+                for r in rows
+                if int(r["time_since_delivered"]) >= self.wait_ms(int(r["times_delivered"]))
+            ]
+            if not ids:
+                return []
+            claimed = self.redis.xclaim(
+                self.stream, self.group, self.consumer, self.retry_after_ms, cast(list[Any], ids)
+            )
+            found = {_text(e[0]): e for e in claimed if e and e[1]}
+            gone = [i for i in ids if i not in found]
+            if gone:  # trimmed before it was handled
+                self._lost(gone)
+            events = self._screen([(found[i][0], found[i][1]) for i in ids if i in found])
+            if events or not found:
+                return events
+            # every claimed entry was dead-lettered: look again
 
     def ack(self, *ids: str) -> int:
         return int(self.redis.xack(self.stream, self.group, *ids)) if ids else 0
@@ -230,6 +300,47 @@ class EventConsumer:
                 break
         return self._screen(claimed) if claimed else []
 
+    def check_lag(self) -> int | None:
+        """Entries of the stream this group has not read yet (None: unknown, e.g. Redis < 7).
+
+        Sets the lag gauge; warns when the lag puts unread entries at risk of being trimmed
+        (over half of `MEMORY_EVENTS_MAXLEN`) and when entries were trimmed before the group
+        read them.
+        """
+        self._lag_checked = time.monotonic()
+        try:
+            groups = self.redis.xinfo_groups(self.stream)
+            info = next((g for g in groups if _text(g.get("name")) == self.group), None)
+            first = self.redis.xinfo_stream(self.stream).get("first-entry")
+        except ResponseError:  # no stream yet
+            return None
+        if info is None:
+            return None
+        lag = info.get("lag")
+        maxlen = get_settings().memory_events_maxlen
+        if lag is not None:
+            EVENTS_CONSUMER_LAG.labels(self.stream, self.group).set(int(lag))
+            if int(lag) > maxlen // 2:
+                _log.warning(
+                    "memory.events_lag_at_risk",
+                    stream=self.stream,
+                    group=self.group,
+                    lag=int(lag),
+                    maxlen=maxlen,
+                )
+        last = _text(info.get("last-delivered-id") or "0-0")
+        if first and _id_tuple(last) < _id_tuple(_text(first[0])) and _id_tuple(last) != (0, 0):
+            # The group's position precedes the oldest entry: what lay between was trimmed.
+            _log.warning(
+                "memory.events_lost",
+                stream=self.stream,
+                group=self.group,
+                last_read=last,
+                oldest=_text(first[0]),
+            )
+            EVENTS_LOST.labels(self.stream, self.group).inc()
+        return None if lag is None else int(lag)
+
     def tail(
         self, follow: bool = False, count: int = 10, block_ms: int = 5000
     ) -> Generator[Event, None, None]:
@@ -246,13 +357,24 @@ class EventConsumer:
             if not follow:
                 return
 
+    def _lost(self, ids: list[str]) -> None:
+        _log.warning(
+            "memory.event_trimmed",
+            stream=self.stream,
+            group=self.group,
+            ids=ids,
+        )
+        EVENTS_LOST.labels(self.stream, self.group).inc(len(ids))
+        self.ack(*ids)
+
     def _screen(self, entries: list[tuple[Any, Any]]) -> list[Event]:
         """Ack entries trimmed from the stream, dead-letter over-delivered ones, parse the rest."""
         gone = [_text(eid) for eid, raw in entries if not raw]
         live = [(eid, raw) for eid, raw in entries if raw]
         if gone:
-            _log.warning("memory_event_trimmed", stream=self.stream, group=self.group, ids=gone)
-            self.ack(*gone)
+            self._lost(gone)
+        if not live:
+            return []
         pipe = self.redis.pipeline(transaction=False)
         for eid, _ in live:
             pipe.xpending_range(self.stream, self.group, eid, eid, 1, consumername=self.consumer)
@@ -278,8 +400,19 @@ class EventConsumer:
             pipe.xadd(self.dead_letter_stream, cast(Any, {**e.fields, **meta}), maxlen=maxlen)
         pipe.xack(self.stream, self.group, *(e.id for e in events))
         pipe.execute()  # XADDs first: a failed ack re-delivers, it never loses the entry
-        ids = [e.id for e in events]
-        _log.warning("memory_event_dead_lettered", stream=self.dead_letter_stream, ids=ids)
+        _log.warning(
+            "memory.event_dead_lettered",
+            stream=self.dead_letter_stream,
+            ids=[e.id for e in events],
+        )
+
+
+def _id_tuple(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    try:
+        return int(ms), int(seq or 0)
+    except ValueError:
+        return 0, 0
 
 
 def tail_events(

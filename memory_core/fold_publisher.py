@@ -11,12 +11,12 @@ from functools import lru_cache
 from typing import Any
 from uuid import UUID
 
-import structlog
 from celery import Celery
 
+from memory_core.logs import get_logger
 from memory_core.settings import get_settings
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 FOLD_TASK = "memory.fold_thread"
 FOLD_QUEUE = "memory.fold"

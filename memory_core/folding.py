@@ -10,6 +10,13 @@ Concurrency (invariant 5): a lease on the thread row (fold_lease_token/until) ma
 single-flight without holding a row lock during the LLM call, and the summary is written
 with compare-and-set on `summary_through_seq`, so a duplicate or late fold is a no-op and
 turns that arrived meanwhile stay unfolded.
+
+Failures: a summarizer error is a failed attempt (counted on the row, backoff, an event from
+the task). After `MEMORY_FOLD_MAX_LLM_ATTEMPTS` failed attempts, or at once for an error no
+retry can fix (the provider refused the request as such), the fold uses the LLM-free summary
+instead and says so (`fallback`). Any other unexpected error after the lease is taken is a
+failed attempt too; only Postgres being unreachable propagates (the task retries the job,
+whose lease token lets it take its own lease back).
 """
 
 from __future__ import annotations
@@ -17,21 +24,51 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
-import structlog
 from sqlalchemy import func, select, update
+from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session
 
-from memory_core.context import ConversationContext, Exchange
-from memory_core.conversation_memory import REDIS_ERRORS, RedisConversationMemory
-from memory_core.metrics import FOLD_SECONDS, FOLDS, LLM_TOKENS
+from memory_core.context import Exchange
+from memory_core.conversation_memory import RedisConversationMemory
+from memory_core.db import describe_db_error, retry_on_disconnect
+from memory_core.logs import describe_error, get_logger
+from memory_core.metrics import FOLD_FALLBACKS, FOLD_SECONDS, FOLDS, LLM_TOKENS
 from memory_core.models import ConversationThread, ThreadMessage
+from memory_core.summarizer import (
+    LLM_FREE_LABEL,
+    LLM_FREE_TARGET_TOKENS,
+    SummarizationError,
+    SummaryResult,
+    llm_free_fold,
+    storable,
+)
+from memory_core.summary_tail import (
+    ARTIFACT_TAIL_MARKER,
+    ARTIFACT_TAIL_TURNS,
+    artifact_tail,
+    stored_summary_bound,
+    strip_artifact_tail,
+    with_tail,
+)
+from memory_core.tokens import count_tokens, truncate_to_tokens
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
-ARTIFACT_TAIL_MARKER = "\n\n[Artifacts of the latest folded turns, verbatim]\n"
-ARTIFACT_TAIL_TURNS = 3
+__all__ = [
+    "ARTIFACT_TAIL_MARKER",
+    "ARTIFACT_TAIL_TURNS",
+    "FoldOutcome",
+    "Folder",
+    "artifact_tail",
+    "backoff_delay",
+    "stored_summary_bound",
+    "strip_artifact_tail",
+]
+
+# Errors meaning "Postgres is unreachable": the task retries the job; nothing is counted.
+POSTGRES_DOWN = (OperationalError, InterfaceError)
 BACKOFF_BASE_S = 60
 BACKOFF_CAP_S = 3600
 
@@ -69,23 +106,16 @@ class FoldOutcome:
     prompt: str | None = None
     session_id: str | None = None
     more_pending: bool = False
+    fallback: str | None = None  # why the LLM-free summary was used instead of the LLM's
 
 
-def strip_artifact_tail(summary: str | None) -> str | None:
-    """The LLM-written part of a stored summary (the code-appended tail is re-derived)."""
-    if summary is None:
-        return None
-    return summary.split(ARTIFACT_TAIL_MARKER, 1)[0]
-
-
-def artifact_tail(turns: list[Exchange]) -> str:
-    """Artifact lines of the last folded turns, verbatim: SQL in full, descriptors one-lined."""
-    lines: list[str] = []
-    for turn in turns[-ARTIFACT_TAIL_TURNS:]:
-        for art in turn.artifacts:
-            text = art.expanded() if art.kind == "sql" else art.one_line()
-            lines.append(f"[#{turn.seq}] {text}")
-    return ARTIFACT_TAIL_MARKER + "\n".join(lines) if lines else ""
+@dataclass(frozen=True)
+class _Lease:
+    owner: str
+    summary: str | None
+    through: int
+    last_seq: int
+    attempts: int
 
 
 class Folder:
@@ -106,57 +136,77 @@ class Folder:
         or Postgres went away before the lease could be released) instead of waiting it out.
         """
         started = time.perf_counter()
-        outcome = self._fold(uuid.UUID(str(thread_id)), lease_token or uuid.uuid4())
+        tid, token = uuid.UUID(str(thread_id)), lease_token or uuid.uuid4()
+        # A pooled connection killed by a Postgres restart fails once: run the attempt again
+        # on a fresh one (same token: it takes its own lease back).
+        outcome = retry_on_disconnect(lambda: self._fold(tid, token))
         FOLDS.labels(outcome.status).inc()
         if outcome.status in ("folded", "failed"):
             FOLD_SECONDS.observe(time.perf_counter() - started)
         return outcome
 
     def _fold(self, tid: uuid.UUID, token: uuid.UUID) -> FoldOutcome:
+        # A fold-only worker never reads or saves: it drops the copies it marked here.
+        self.memory.drop_copies_behind()
         with self.memory.session_factory() as session:
             lease = self._take_lease(session, tid, token)
         if isinstance(lease, str):
             return FoldOutcome(lease, str(tid))  # type: ignore[arg-type]
-        owner, summary, through, last_seq = lease
-        upto = self._fold_upto(through, last_seq)
+        upto = self._fold_upto(lease.through, lease.last_seq)
         if upto is None:
             with self.memory.session_factory() as session:
                 self._release(session, tid, token, clear_due=True)
-            return FoldOutcome("noop", str(tid), through_seq=through)
-        with self.memory.session_factory() as session:
-            turns = [
-                Exchange.from_row(r) for r in ThreadMessage.between(session, tid, through, upto)
-            ]
+            return FoldOutcome("noop", str(tid), through_seq=lease.through)
+        turns: list[Exchange] = []
         try:
-            result = self.summarizer.summarize(
-                thread_id=str(tid),
-                previous_summary=strip_artifact_tail(summary),
-                exchanges=turns,
-            )
-        except Exception as exc:  # any summarizer failure counts as a failed attempt
+            with self.memory.session_factory() as session:
+                rows = ThreadMessage.between(session, tid, lease.through, upto)
+                turns = [Exchange.from_row(r) for r in rows]
+            return self._summarize_and_store(tid, token, lease, upto, turns)
+        except POSTGRES_DOWN:
+            raise
+        except Exception as exc:  # never a silent drop: a failed attempt, with its event
             return self._failed(tid, token, turns, exc)
+
+    def _summarize_and_store(
+        self, tid: uuid.UUID, token: uuid.UUID, lease: _Lease, upto: int, turns: list[Exchange]
+    ) -> FoldOutcome:
+        previous = strip_artifact_tail(lease.summary)
+        fallback = None
+        try:
+            result: Any = self.summarizer.summarize(
+                thread_id=str(tid), previous_summary=previous, exchanges=turns
+            )
+        except Exception as exc:  # any summarizer failure counts as a failed attempt...
+            fallback = self._fallback_reason(exc, lease.attempts + 1)
+            if fallback is None:
+                return self._failed(tid, token, turns, exc)
+            # ...until it is clear that retrying the LLM cannot help.
+            result = self._llm_free(previous, turns)
+            FOLD_FALLBACKS.inc()
         for kind in ("input", "output"):
             LLM_TOKENS.labels(kind).inc(getattr(result, f"{kind}_tokens", None) or 0)
-        new_summary = result.text.strip() + artifact_tail(turns)
+        new_summary = self._stored_summary(result.text, turns)
         with self.memory.session_factory() as session:
             won = self._compare_and_set(
                 session,
                 tid=tid,
                 token=token,
-                through=through,
+                through=lease.through,
                 upto=upto,
                 summary=new_summary,
-                result=result,
+                prompt=result.prompt,
             )
         if not won:
-            return FoldOutcome("lost", str(tid), through_seq=through)
-        self._refresh_copy(owner, tid, new_summary, upto)
+            return FoldOutcome("lost", str(tid), through_seq=lease.through)
+        self.memory.refresh_summary(lease.owner, tid, new_summary, upto)
         log.info(
             "memory.folded",
             thread_id=str(tid),
             through_seq=upto,
             folded=len(turns),
             prompt=result.prompt,
+            fallback=fallback,
         )
         return FoldOutcome(
             "folded",
@@ -165,8 +215,32 @@ class Folder:
             folded=len(turns),
             prompt=result.prompt,
             session_id=str(turns[-1].session_id),
-            more_pending=last_seq - upto > self.memory.compression_threshold,
+            more_pending=lease.last_seq - upto > self.memory.compression_threshold,
+            fallback=fallback,
         )
+
+    def _fallback_reason(self, exc: Exception, attempt: int) -> str | None:
+        """Why this attempt uses the LLM-free summary, or None to count a failed attempt."""
+        error = _describe(exc)
+        if not getattr(exc, "retryable", True):
+            return f"not retryable: {error}"
+        limit = self.settings.memory_fold_max_llm_attempts
+        if attempt >= limit:
+            return f"{attempt} failed attempts, last: {error}"
+        return None
+
+    def _llm_free(self, previous: str | None, turns: list[Exchange]) -> SummaryResult:
+        bound = min(self.settings.memory_summary_max_tokens, LLM_FREE_TARGET_TOKENS)
+        text = llm_free_fold(previous, turns, bound)
+        return SummaryResult(text, LLM_FREE_LABEL, None, None, None)
+
+    def _stored_summary(self, text: str, turns: list[Exchange]) -> str:
+        """What is stored: the summarizer's text (storable, within its bound) + the tail."""
+        limit = self.settings.memory_summary_max_tokens
+        clean = storable(text).strip()
+        if count_tokens(clean) > limit:  # a summarizer that ignored its bound
+            clean = truncate_to_tokens(clean, limit).rstrip()
+        return with_tail(clean, turns, limit)
 
     def _fold_upto(self, through: int, last_seq: int) -> int | None:
         """Highest seq this fold covers, or None when the thread is not over the threshold."""
@@ -175,9 +249,7 @@ class Folder:
         upto = last_seq - self.memory.max_recent_messages
         return min(upto, through + self.memory.max_unfolded_messages)
 
-    def _take_lease(
-        self, session: Session, tid: uuid.UUID, token: uuid.UUID
-    ) -> tuple[str, str | None, int, int] | str:
+    def _take_lease(self, session: Session, tid: uuid.UUID, token: uuid.UUID) -> _Lease | str:
         t = ConversationThread
         stmt = (
             update(t)
@@ -192,11 +264,11 @@ class Folder:
                 fold_lease_until=func.now()
                 + func.make_interval(0, 0, 0, 0, 0, 0, self.settings.memory_fold_lease_s),
             )
-            .returning(t.owner_id, t.summary, t.summary_through_seq, t.last_seq)
+            .returning(t.owner_id, t.summary, t.summary_through_seq, t.last_seq, t.fold_attempts)
         )
         row = session.execute(stmt).one_or_none()
         if row is not None:
-            return row.owner_id, row.summary, row.summary_through_seq, row.last_seq
+            return _Lease(*row)
         exists = session.scalar(select(t.id).where(t.id == tid))
         return "busy" if exists else "missing"
 
@@ -218,7 +290,7 @@ class Folder:
         through: int,
         upto: int,
         summary: str,
-        result: SummaryLike,
+        prompt: str,
     ) -> bool:
         t = ConversationThread
         stmt = (
@@ -227,7 +299,7 @@ class Folder:
             .values(
                 summary=summary,
                 summary_through_seq=upto,
-                summary_prompt=result.prompt[:200],
+                summary_prompt=prompt[:200],
                 summary_updated_at=func.now(),
                 fold_attempts=0,
                 fold_due_at=None,
@@ -242,7 +314,7 @@ class Folder:
     def _failed(
         self, tid: uuid.UUID, token: uuid.UUID, turns: list[Exchange], exc: Exception
     ) -> FoldOutcome:
-        error = f"{type(exc).__name__}: {exc}"[:2000]
+        error = _describe(exc)
         t = ConversationThread
         with self.memory.session_factory() as session:
             attempt = session.scalar(
@@ -265,7 +337,11 @@ class Folder:
                 .values(fold_due_at=func.now() + func.make_interval(0, 0, 0, 0, 0, 0, delay))
             )
         log.warning(
-            "memory.fold_failed", thread_id=str(tid), attempt=attempt, retry_in_s=delay, error=error
+            "memory.fold_failed",
+            thread_id=str(tid),
+            attempt=attempt,
+            retry_in_s=delay,
+            error=error,
         )
         return FoldOutcome(
             "failed",
@@ -276,12 +352,11 @@ class Folder:
             session_id=str(turns[-1].session_id) if turns else None,
         )
 
-    def _refresh_copy(self, owner: str, tid: uuid.UUID, summary: str, upto: int) -> None:
-        ctx = ConversationContext(thread_id=tid, summary=summary, summary_through_seq=upto)
-        try:
-            self.memory.copy.merge(owner, ctx, last_seq=upto)
-        except REDIS_ERRORS as exc:
-            # The copy may have capped off turns this fold just covered: drop it once Redis
-            # answers again (the next save would also see the newer cursor and rebuild).
-            log.warning("memory.cache_write_failed", thread_id=str(tid), error=str(exc))
-            self.memory.mark_copy_behind(tid)
+
+def _describe(exc: BaseException) -> str:
+    """A failed attempt's error, for the row, the log and the event: never content."""
+    if isinstance(exc, SummarizationError):
+        return f"SummarizationError: {exc}"
+    if type(exc).__module__.startswith(("sqlalchemy", "psycopg2")):
+        return describe_db_error(exc)
+    return describe_error(exc)

@@ -29,12 +29,12 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, cast
 
-import structlog
 from pydantic import ValidationError
 
 from memory_core.context import ConversationContext
 from memory_core.conversation_memory import RedisConversationMemory, ThreadNotFound
 from memory_core.fold_publisher import FINALIZE_QUEUE, FINALIZE_TASK, send_by_name
+from memory_core.logs import get_logger
 from memory_core.session_handler import (
     format_validation_error,
     parse_snapshot,
@@ -46,7 +46,7 @@ from memory_core.views import DEFAULT_MAX_TOKENS, Focus, render_conversation_con
 if TYPE_CHECKING:
     from langgraph.checkpoint.postgres import PostgresSaver
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 INSTALL_HINT = "pip install '.[langgraph]'"
 CHECKPOINT_SCHEMA = "langgraph"

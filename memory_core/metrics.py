@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -30,32 +30,55 @@ FOLD_SECONDS = Histogram(
     buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 60, 120),
 )
 LLM_TOKENS = Counter("memory_llm_tokens_total", "Summarizer LLM tokens", ["kind"])
+EVENTS_CONSUMER_LAG = Gauge(
+    "memory_events_consumer_lag",
+    "Entries of an event stream a consumer group has not read yet (as last checked)",
+    ["stream", "group"],
+    multiprocess_mode="max",
+)
+EVENTS_LOST = Counter(
+    "memory_events_lost_total",
+    "Event entries trimmed from the stream before a consumer group handled them",
+    ["stream", "group"],
+)
+SETTINGS_DISAGREEMENTS = Gauge(
+    "memory_settings_disagreements",
+    "Other memory settings fingerprints recorded in the last two hours (settings_check.py)",
+    multiprocess_mode="max",
+)
+FOLD_FALLBACKS = Counter(
+    "memory_fold_fallbacks_total",
+    "Folds that used the LLM-free summary because the LLM kept failing or could not succeed",
+)
 
 
 class FoldLagCollector(Collector):
-    """Threads whose unfolded turns exceed the threshold (folds falling behind or failing).
+    """Threads with a fold due (requested and not yet done, running late, or waiting for a
+    retry), how many of them failed their last attempt, and the oldest due time.
 
-    One indexed-free count over conversation_threads per scrape, cached for `ttl_s`.
+    One query on the partial index `ix_conversation_threads_fold_due` per `ttl_s` (30 s):
+    its cost follows the number of threads with a fold due, not the size of the table.
     """
 
     def __init__(self, database_url: str, threshold: int, ttl_s: float = 30.0) -> None:
         self.database_url = database_url
         self.threshold = threshold
         self.ttl_s = ttl_s
-        self._cached: tuple[float, float, float] | None = None
+        self._cached: tuple[float, float, float, float] | None = None
 
-    def _measure(self) -> tuple[float, float]:
+    def _measure(self) -> tuple[float, float, float]:
         from sqlalchemy import text
 
         from memory_core.db import get_engine
 
         sql = text(
-            "SELECT count(*) FILTER (WHERE last_seq - summary_through_seq > :t), "
-            "count(*) FILTER (WHERE fold_attempts > 0) FROM conversation_threads"
+            "SELECT count(*), count(*) FILTER (WHERE fold_attempts > 0), "
+            "COALESCE(EXTRACT(EPOCH FROM now() - min(fold_due_at)), 0) "
+            "FROM conversation_threads WHERE fold_due_at IS NOT NULL"
         )
         with get_engine(self.database_url).connect() as conn:
-            lagging, failing = conn.execute(sql, {"t": self.threshold}).one()
-        return float(lagging), float(failing)
+            due, failing, oldest = conn.execute(sql).one()
+        return float(due), float(failing), max(float(oldest), 0.0)
 
     def collect(self) -> Iterator[Any]:
         now = time.monotonic()
@@ -64,14 +87,19 @@ class FoldLagCollector(Collector):
                 self._cached = (now, *self._measure())
             except Exception:  # a scrape must not fail because Postgres is down
                 return
-        _, lagging, failing = self._cached
+        _, due, failing, oldest = self._cached
         yield GaugeMetricFamily(
             "memory_fold_lag_threads",
-            "Threads with more unfolded turns than the compression threshold",
-            value=lagging,
+            "Threads with a fold due (over the compression threshold, not yet folded)",
+            value=due,
         )
         yield GaugeMetricFamily(
             "memory_fold_failing_threads", "Threads whose last fold attempt failed", value=failing
+        )
+        yield GaugeMetricFamily(
+            "memory_fold_oldest_due_seconds",
+            "How long the longest-waiting due fold has been due (0 when none is)",
+            value=oldest,
         )
 
 

@@ -53,6 +53,13 @@ class ConversationThread(Base):
         Index(
             "ix_conversation_threads_owner_history", "owner_id", "is_archived", "updated_at", "id"
         ),
+        # Threads with a fold due (requested, running late or waiting for a retry): what the
+        # fold-lag gauges count, without scanning every thread.
+        Index(
+            "ix_conversation_threads_fold_due",
+            "fold_due_at",
+            postgresql_where=text("fold_due_at IS NOT NULL"),
+        ),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
@@ -168,6 +175,15 @@ class ConversationThread(Base):
         return rows[0], turns
 
 
+class MemorySettingsSeen(Base):
+    """Memory settings fingerprints recently used by some process (settings_check.py)."""
+
+    __tablename__ = "memory_settings_seen"
+
+    fingerprint: Mapped[str] = mapped_column(String(500), primary_key=True)
+    last_seen: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
 @dataclass(frozen=True, slots=True)
 class SeqClaim:
     seq: int
@@ -230,6 +246,15 @@ def _insert_message_statement() -> Any:
     )
 
 
+@cache
+def _stored_turn_statement() -> Any:
+    t = cast(Table, ThreadMessage.__table__)
+    cols = ("thread_id", "seq", "session_id", "user_query", "answer", "artifacts", "completed_at")
+    return select(*(t.c[c] for c in cols)).where(
+        t.c.session_id == bindparam("sid", type_=t.c.session_id.type)
+    )
+
+
 class ThreadMessage(Base):
     """One user-query -> answer turn; `session_id` makes finalize idempotent."""
 
@@ -259,6 +284,11 @@ class ThreadMessage(Base):
     def insert_once(cls, session: Session | Connection, **values: Any) -> bool:
         """Insert the turn unless its session_id is already stored; True when inserted."""
         return session.execute(_insert_message_statement(), values).first() is not None
+
+    @classmethod
+    def stored_turn(cls, session: Session | Connection, session_id: uuid.UUID) -> Any:
+        """The turn stored for `session_id` (thread_id, seq and what memory reads of it)."""
+        return session.execute(_stored_turn_statement(), {"sid": session_id}).one()
 
     @classmethod
     def by_session(cls, session: Session, session_id: uuid.UUID) -> ThreadMessage | None:

@@ -1,32 +1,48 @@
 """`save_session_to_thread_safe`: the finalize core, shared by in-process agents and workers.
 
-Order of effects (invariant 4, durability first):
+Order of effects (durability first, docs/RELIABILITY.md):
   1. one Postgres transaction: upsert the thread (seq claimed under its row lock), insert the
      turn idempotently on session_id, COMMIT;
   2. update the Redis working copy (best effort; rebuilt from Postgres when it is behind);
   3. publish `memory.fold_thread` when this turn took the thread over the threshold.
+
+It never raises: every outcome is a `SaveOutcome`. Before the COMMIT a failure is `failed`
+(retryable, nothing written) or `rejected` (bad input, never retryable); after it, whatever
+Redis or the broker do, the outcome is `saved` or `duplicate`. A redelivered turn
+(`duplicate`) still makes sure the working copy holds it, since the first delivery may have
+died between its COMMIT and its cache write. Reasons and log records carry ids and error
+classes, never snapshot content.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import structlog
 from pydantic import ValidationError
 from sqlalchemy.exc import SQLAlchemyError
 
 from memory_core.artifacts import derive_artifacts
 from memory_core.context import Exchange
 from memory_core.conversation_memory import RedisConversationMemory
-from memory_core.db import retry_on_disconnect
+from memory_core.db import describe_db_error, retry_on_disconnect
 from memory_core.fold_publisher import publish_fold
+from memory_core.logs import describe_error, get_logger
 from memory_core.metrics import FINALIZE
 from memory_core.models import ConversationThread, SeqClaim, ThreadMessage
-from memory_core.snapshot import TurnSnapshot
+from memory_core.snapshot import (
+    DashboardIn,
+    SnapshotTooLarge,
+    TurnSnapshot,
+    VisualizationIn,
+    WidgetIn,
+    WidgetVisualizationIn,
+    check_snapshot_size,
+)
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 TITLE_MAX = 500
 Status = Literal["saved", "duplicate", "rejected", "failed"]
@@ -53,22 +69,45 @@ class SaveOutcome:
 class _Abort(Exception):
     """Roll the transaction back and report `status` instead."""
 
-    def __init__(self, status: Status, reason: str) -> None:
+    def __init__(self, status: Status, reason: str, stored: Any = None) -> None:
         super().__init__(reason)
         self.status: Status = status
         self.reason = reason
+        self.stored = stored  # for a duplicate: the stored row and the summary cursor
+
+
+_FIELD_NAMES = frozenset(
+    name
+    for model in (TurnSnapshot, VisualizationIn, DashboardIn, WidgetIn, WidgetVisualizationIn)
+    for name in model.model_fields
+)
+
+
+# An unknown top-level key is named only if it looks like a field name (a typo such as
+# `sesion_id`); anything else may be content and is not repeated.
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,39}")
 
 
 def format_validation_error(exc: ValidationError) -> str:
+    """Which fields are wrong and why; never the values, nor keys that are not ours."""
     parts = []
-    for err in exc.errors(include_url=False, include_input=False):
-        field = ".".join(str(p) for p in err["loc"]) or "snapshot"
-        parts.append(f"{field}: {err['msg']}")
-    return "invalid turn snapshot: " + "; ".join(parts)
+    for err in exc.errors(include_url=False, include_input=False, include_context=False):
+        loc = [str(p) for p in err["loc"] if isinstance(p, int) or p in _FIELD_NAMES]
+        field = ".".join(loc) or "snapshot"
+        if err["type"] == "extra_forbidden":
+            key = str(err["loc"][-1]) if len(err["loc"]) == 1 else ""
+            name = key if _IDENTIFIER.fullmatch(key) else "snapshot"
+            parts.append(f"{name}: unknown field (not part of a turn snapshot)")
+        else:
+            parts.append(f"{field}: {err['msg'][:300]}")
+    return "invalid turn snapshot: " + "; ".join(dict.fromkeys(parts))
 
 
 def parse_snapshot(snapshot: TurnSnapshot | Mapping[str, Any]) -> TurnSnapshot:
-    return snapshot if isinstance(snapshot, TurnSnapshot) else TurnSnapshot.model_validate(snapshot)
+    if isinstance(snapshot, TurnSnapshot):
+        return snapshot
+    check_snapshot_size(snapshot)  # before deep validation: refuse huge input cheaply
+    return TurnSnapshot.model_validate(snapshot)
 
 
 def save_session_to_thread_safe(
@@ -79,25 +118,34 @@ def save_session_to_thread_safe(
     """Persist one finished turn; never raises into the agent, returns what happened."""
     try:
         snap = parse_snapshot(snapshot)
-    except ValidationError as exc:
-        reason = format_validation_error(exc)
+    except (ValidationError, SnapshotTooLarge) as exc:
+        reason = format_validation_error(exc) if isinstance(exc, ValidationError) else str(exc)
         log.warning("memory.finalize_rejected", reason=reason)
         FINALIZE.labels("rejected").inc()
         return SaveOutcome("rejected", reason=reason)
     tid, sid = str(snap.thread_id), str(snap.session_id)
-    ids = {"thread_id": tid, "session_id": sid}
-    memory = memory or RedisConversationMemory()
-    turn = _exchange(snap, seq=0)
     try:
+        memory = memory or RedisConversationMemory()
+        turn = _exchange(snap, seq=0)
         claim = retry_on_disconnect(lambda: _write_turn(snap, turn, memory))
     except _Abort as abort:
-        log.info("memory.finalize_" + abort.status, reason=abort.reason, **ids)
+        if abort.status == "duplicate":
+            return _duplicate(snap, abort.stored, memory)  # type: ignore[arg-type]
+        log.info(
+            "memory.finalize_" + abort.status,
+            reason=abort.reason,
+            thread_id=tid,
+            session_id=sid,
+        )
         FINALIZE.labels(abort.status).inc()
         return SaveOutcome(abort.status, tid, sid, reason=abort.reason)
-    except (SQLAlchemyError, OSError) as exc:
-        log.error("memory.finalize_failed", error=repr(exc), **ids)
+    except Exception as exc:  # nothing was committed: the agent or Celery retries
+        kind = "postgres" if isinstance(exc, SQLAlchemyError | OSError) else "error"
+        error = describe_db_error(exc) if kind == "postgres" else describe_error(exc)
+        log.error("memory.finalize_failed", error=error, thread_id=tid, session_id=sid)
         FINALIZE.labels("failed").inc()
-        return SaveOutcome("failed", tid, sid, reason=f"postgres: {exc}", retryable=True)
+        return SaveOutcome("failed", tid, sid, reason=f"{kind}: {error}", retryable=True)
+    # Committed: from here on nothing raises, whatever Redis or the broker do.
     cache = memory.record_turn(
         snap.owner_id,
         snap.thread_id,
@@ -108,7 +156,14 @@ def save_session_to_thread_safe(
         snap.thread_id, memory.settings.celery_broker_url
     )
     FINALIZE.labels("saved").inc()
-    log.info("memory.finalize_saved", seq=claim.seq, cache=cache, fold_published=published, **ids)
+    log.info(
+        "memory.finalize_saved",
+        thread_id=tid,
+        session_id=sid,
+        seq=claim.seq,
+        cache=cache,
+        fold_published=published,
+    )
     return SaveOutcome("saved", tid, sid, seq=claim.seq, cache=cache, fold_published=published)
 
 
@@ -139,8 +194,35 @@ def _write_turn(snap: TurnSnapshot, turn: Exchange, memory: RedisConversationMem
         )
         if not inserted:
             # Rolling back also returns the seq we claimed: no gap.
-            raise _Abort("duplicate", f"session {snap.session_id} already saved")
+            stored = ThreadMessage.stored_turn(session, snap.session_id)
+            if stored.thread_id != snap.thread_id:
+                raise _Abort(
+                    "rejected",
+                    f"session {snap.session_id} is already a turn of another thread",
+                )
+            raise _Abort("duplicate", "", (stored, claim.summary_through_seq))
     return claim
+
+
+def _duplicate(
+    snap: TurnSnapshot, stored: tuple[Any, int], memory: RedisConversationMemory
+) -> SaveOutcome:
+    """An already-stored turn: make sure the copy holds it (its first delivery may have died
+    between COMMIT and the cache write), from what is stored, never from the redelivery."""
+    row, through = stored
+    tid, sid = str(snap.thread_id), str(snap.session_id)
+    cache = memory.record_turn(snap.owner_id, snap.thread_id, through, Exchange.from_row(row))
+    FINALIZE.labels("duplicate").inc()
+    log.info(
+        "memory.finalize_duplicate",
+        thread_id=tid,
+        session_id=sid,
+        seq=row.seq,
+        cache=cache,
+    )
+    return SaveOutcome(
+        "duplicate", tid, sid, seq=row.seq, reason=f"session {sid} already saved", cache=cache
+    )
 
 
 def _exchange(snap: TurnSnapshot, seq: int) -> Exchange:

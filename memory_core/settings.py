@@ -38,14 +38,19 @@ class Settings(BaseSettings):
     # None means 2 x compression_threshold (the documented minimum).
     memory_max_unfolded_messages: int | None = None
 
-    # Parsed contexts kept per process, keyed by the working copy's version (0 disables).
+    # Parsed contexts kept per process, keyed by the working copy's version (0 disables),
+    # and the bytes (of the copies' stored JSON) they may hold.
     memory_local_cache_size: int = Field(default=1024, ge=0)
+    memory_local_cache_max_bytes: int = Field(default=32 * 1024 * 1024, ge=0)
 
     # Folding: a fold queued this long ago and not yet run is considered lost and
     # may be re-published by the next finalize on the thread.
     memory_fold_republish_grace_s: int = Field(default=300, ge=1)
     memory_fold_lease_s: int = Field(default=360, ge=1)
     memory_summary_max_tokens: int = Field(default=1500, ge=50)
+    # Failed LLM attempts of one fold before it uses the LLM-free summary instead (an error
+    # no retry can fix, such as a context-length or content-filter refusal, falls back at once).
+    memory_fold_max_llm_attempts: int = Field(default=8, ge=1)
 
     # Broker redelivery delay for unacked jobs; None = longest retry countdown + time limit.
     memory_visibility_timeout_s: int | None = Field(default=None, ge=1)

@@ -11,6 +11,11 @@ Size limits (documented in the README; a violation names the field):
 | visualizations   | 50 objects                              |
 | dashboards       | 20 objects                              |
 | response_payload | 1 MiB as JSON, nested at most 64 deep    |
+| the whole        | 4 Mi characters of text (strings, keys, numbers), checked first |
+
+The whole-snapshot bound is checked before any other validation, in one pass that stops as
+soon as the bound is passed: 50 visualizations with 1 MiB of `options` each (which memory
+discards anyway) are refused in milliseconds, for in-process saves and jobs alike.
 
 No text anywhere may hold NUL characters or lone UTF-16 surrogates: Postgres cannot store
 them, so they are rejected up front instead of failing half-way through a write.
@@ -36,6 +41,7 @@ from pydantic import (
 )
 
 MAX_PAYLOAD_BYTES = 1024 * 1024
+MAX_SNAPSHOT_CHARS = 4 * 1024 * 1024
 # Deeper JSON would exhaust the recursion of the validators and encoders (a RecursionError
 # escaped validation, so the job was neither rejected nor saved); real payloads nest < 20.
 MAX_JSON_DEPTH = 64
@@ -51,29 +57,66 @@ def _check_text(value: str) -> str:
     return value
 
 
-def _check_json(value: Any, path: str = "", depth: int = 0) -> None:
-    """Walk a JSON-like value: every string (keys too) must be storable text."""
+class SnapshotTooLarge(ValueError):
+    """The snapshot as a whole is over `MAX_SNAPSHOT_CHARS`."""
+
+
+def check_snapshot_size(value: Any, limit: int = MAX_SNAPSHOT_CHARS) -> None:
+    """Refuse a snapshot whose text totals more than `limit` characters, cheaply.
+
+    One iterative pass over the raw JSON-like value that stops as soon as the total passes
+    the limit (so its cost is bounded by the limit) or the nesting passes `MAX_JSON_DEPTH`
+    (left to the field validators, which name the field).
+    """
+    total = 0
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            total += len(item) + 2
+        elif isinstance(item, Mapping):
+            if depth < MAX_JSON_DEPTH:
+                for k, v in item.items():
+                    total += len(k) + 3 if isinstance(k, str) else 8
+                    stack.append((v, depth + 1))
+        elif isinstance(item, list | tuple):
+            if depth < MAX_JSON_DEPTH:
+                stack.extend((v, depth + 1) for v in item)
+        else:
+            total += 8
+        if total > limit:
+            raise SnapshotTooLarge(
+                f"invalid turn snapshot: more than {limit} characters of text in all; "
+                "the whole snapshot is bounded (README, input limits)"
+            )
+
+
+def _check_json(value: Any, depth: int = 0) -> None:
+    """Walk a JSON-like value: every string (keys too) must be storable text.
+
+    Messages name what is wrong but never the keys or values: they are user content.
+    """
     if depth > MAX_JSON_DEPTH:
-        raise ValueError(f"{path or 'value'}: nested more than {MAX_JSON_DEPTH} levels deep")
+        raise ValueError(f"nested more than {MAX_JSON_DEPTH} levels deep")
     if isinstance(value, str):
         try:
             _check_text(value)
         except ValueError as exc:
-            raise ValueError(f"{path or 'value'}: {exc}") from None
+            raise ValueError(f"a string at depth {depth} {exc}") from None
     elif isinstance(value, Mapping):
         for k, v in value.items():
             if not isinstance(k, str):
-                raise ValueError(f"{path}: object keys must be strings")
-            # The key goes into the error message, which must be encodable itself (a lone
-            # surrogate there made pydantic raise UnicodeEncodeError instead of rejecting).
-            key = k.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
-            _check_json(k, f"{path}.{key}" if path else key, depth + 1)
-            _check_json(v, f"{path}.{key}" if path else key, depth + 1)
+                raise ValueError(f"object keys must be strings (at depth {depth})")
+            try:
+                _check_text(k)
+            except ValueError as exc:
+                raise ValueError(f"a key at depth {depth} {exc}") from None
+            _check_json(v, depth + 1)
     elif isinstance(value, list | tuple):
-        for i, v in enumerate(value):
-            _check_json(v, f"{path}[{i}]", depth + 1)
+        for v in value:
+            _check_json(v, depth + 1)
     elif value is not None and not isinstance(value, bool | int | float):
-        raise ValueError(f"{path or 'value'}: {type(value).__name__} is not JSON")
+        raise ValueError(f"{type(value).__name__} at depth {depth} is not JSON")
 
 
 def _json_object(value: dict[str, Any]) -> dict[str, Any]:

@@ -8,7 +8,6 @@ built. Every failure is a `SummarizationError`; retrying is the caller's (Celery
 
 from __future__ import annotations
 
-import functools
 import logging
 import re
 import threading
@@ -20,6 +19,7 @@ from typing import Any
 import openai
 from langfuse import Langfuse, LangfuseGeneration, propagate_attributes
 
+from memory_core.artifacts import one_line
 from memory_core.context import Exchange
 from memory_core.prompts import (
     LANGFUSE_PROMPT_NAME,
@@ -43,7 +43,15 @@ _MAX_ITEMS = 25
 
 
 class SummarizationError(Exception):
-    """The summary could not be produced; the message says what failed."""
+    """The summary could not be produced; the message says what failed (never the text).
+
+    `retryable` is False for errors no retry can fix (the provider refused the request as
+    such: too long, filtered, bad model): the fold falls back to the LLM-free summary at once.
+    """
+
+    def __init__(self, message: str, *, retryable: bool = True) -> None:
+        super().__init__(message)
+        self.retryable = retryable
 
 
 @dataclass(frozen=True)
@@ -55,14 +63,24 @@ class SummaryResult:
     output_tokens: int | None
 
 
-@functools.cache
 def _clip(text: str, limit: int) -> str:
-    flat = " ".join(text.split())
-    return flat if len(flat) <= limit else flat[: limit - 3].rstrip() + "..."
+    return one_line(text, limit)
+
+
+# The prompt delimits the conversation with these tags; user text cannot close them.
+_TAGS = re.compile(r"<(/?)(conversation|previous_summary)>", re.IGNORECASE)
+
+
+def neutralize_tags(text: str) -> str:
+    return _TAGS.sub(lambda m: f"<{m.group(1)}{m.group(2)}\u200b>", text)
 
 
 def render_conversation(exchanges: Sequence[Exchange]) -> str:
-    """The transcript the LLM reads: User/Assistant lines plus artifact one-liners."""
+    """The transcript the LLM reads: User/Assistant lines plus artifact one-liners.
+
+    Every line starts with a prefix of ours; user text follows it flattened to one line, so it
+    cannot pose as a line (or a closing tag) of the prompt around it.
+    """
     blocks = []
     for ex in exchanges:
         lines = [f"User: {_clip(ex.user_query, _MAX_QUERY_CHARS)}"]
@@ -70,7 +88,7 @@ def render_conversation(exchanges: Sequence[Exchange]) -> str:
             lines.append(f"Assistant: {_clip(ex.answer, _MAX_ANSWER_CHARS)}")
         lines.extend(f"  {a.one_line()}" for a in ex.artifacts)
         blocks.append("\n".join(lines))
-    return "\n\n".join(blocks)
+    return neutralize_tags("\n\n".join(blocks))
 
 
 # ---------------------------------------------------------------- answer validation
@@ -98,6 +116,16 @@ def _is_garbage(text: str) -> bool:
     return letters / len(visible) < 0.5 or controls > 0.02 * len(visible) or len(words) < 3
 
 
+_UNSTORABLE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def storable(text: str) -> str:
+    """`text` as Postgres and Redis can store it: no NUL or other control characters (tabs
+    and line breaks stay), lone surrogates replaced by U+FFFD."""
+    return _SURROGATE.sub("\ufffd", _UNSTORABLE.sub("", text))
+
+
 def validate_summary(raw: str | None, max_tokens: int) -> str:
     """The cleaned summary, or SummarizationError saying why it is unusable."""
     text = (raw or "").strip()
@@ -106,12 +134,11 @@ def validate_summary(raw: str | None, max_tokens: int) -> str:
     text = _PREAMBLE.sub("", text, count=1).strip()
     if not text:
         raise SummarizationError("LLM returned an empty summary (preamble only)")
+    # The messages never quote the answer: it may echo the user's words.
     if _REFUSAL.match(text.lstrip("\"'*# ")):
-        raise SummarizationError(
-            f"LLM returned an error/refusal instead of a summary: {text[:80]!r}"
-        )
+        raise SummarizationError("LLM returned an error/refusal instead of a summary")
     if _is_garbage(text):
-        raise SummarizationError(f"LLM returned garbage instead of a summary: {text[:80]!r}")
+        raise SummarizationError("LLM returned garbage instead of a summary")
     tokens = count_tokens(text)
     if tokens > max_tokens:
         raise SummarizationError(f"invalid summary: {tokens} tokens exceeds the bound {max_tokens}")
@@ -241,6 +268,22 @@ def llm_free_fold(
 
 # ---------------------------------------------------------------- the summarizer
 
+# Statuses whose request no retry can fix: malformed or too long (400), refused as such
+# (403 content policy, 404 unknown model, 413, 422). 401 (bad key) is an operator's fix:
+# retried, like 408/409/429/5xx, until the attempts run out.
+_FINAL_STATUSES = frozenset({400, 403, 404, 413, 422})
+
+
+def _status_error(exc: openai.APIStatusError) -> SummarizationError:
+    """`LLM HTTP 400 (context_length_exceeded)`: the status and the provider's error code,
+    never its message (providers quote the offending input in some of them)."""
+    body = exc.body if isinstance(exc.body, dict) else {}
+    inner = body.get("error") if isinstance(body.get("error"), dict) else body
+    code = inner.get("code") or inner.get("type") if isinstance(inner, dict) else None
+    label = one_line(str(code), 60) if code else ""
+    text = f"LLM HTTP {exc.status_code}" + (f" ({label})" if label else "")
+    return SummarizationError(text, retryable=exc.status_code not in _FINAL_STATUSES)
+
 
 def _flush_quietly(client: Langfuse) -> None:
     try:
@@ -293,7 +336,7 @@ class ConversationSummarizer:
             text = llm_free_fold(previous_summary, exchanges, bound)
             return SummaryResult(text, LLM_FREE_LABEL, None, None, None)
 
-        previous = (previous_summary or "").strip() or "(none yet)"
+        previous = neutralize_tags((previous_summary or "").strip() or "(none yet)")
         conversation = render_conversation(exchanges)
         lf = self._lf()
         resolved = langfuse_prompt(lf, s, previous, conversation) or builtin_prompt(
@@ -320,17 +363,17 @@ class ConversationSummarizer:
         except openai.APITimeoutError as exc:
             raise SummarizationError(f"LLM timeout after {s.memory_llm_timeout_s}s") from exc
         except openai.APIStatusError as exc:
-            raise SummarizationError(f"LLM HTTP {exc.status_code}: {exc.message}") from exc
+            raise _status_error(exc) from exc
         except openai.APIConnectionError as exc:
-            raise SummarizationError(f"LLM unreachable: {exc}") from exc
+            raise SummarizationError(f"LLM unreachable: {type(exc).__name__}") from exc
         except Exception as exc:  # malformed responses, client errors
-            raise SummarizationError(f"LLM call failed: {type(exc).__name__}: {exc}") from exc
+            raise SummarizationError(f"LLM call failed: {type(exc).__name__}") from exc
         choice = completion.choices[0] if completion.choices else None
         if choice is None:
             raise SummarizationError("LLM returned no choices")
         if choice.finish_reason == "length":
             raise SummarizationError("invalid summary: LLM answer truncated at the token bound")
-        text = validate_summary(choice.message.content, s.memory_summary_max_tokens)
+        text = validate_summary(storable(choice.message.content or ""), s.memory_summary_max_tokens)
         usage = completion.usage
         return SummaryResult(
             text=text,

@@ -6,15 +6,21 @@ pre-tokenizer never merges text across such a boundary, so the token count of th
 exactly the sum of the parts' counts (the property tests check this against a full count).
 That lets the budget be enforced exactly without re-tokenizing the whole output.
 
-Oldest exchanges are dropped first; the summary always survives and is cut (with a visible
-marker) only when it alone exceeds the budget.
+Oldest exchanges are dropped first; the summary always survives. It is cut (with a visible
+marker) when it alone exceeds the budget, or when keeping it whole would leave no room for the
+newest exchange; it then still keeps at least half the budget.
+
+Nothing a user wrote can pose as a line of the view's structure: a line at column 0 is one of
+the view's own (`Conversation summary:`, `Recent exchanges (oldest first):`, `[#n] User: ...`,
+`Assistant: ...`, an artifact line), and user text follows such a prefix flattened to one line,
+or is indented (the summary, verbatim SQL).
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from memory_core.artifacts import SqlArtifact
+from memory_core.artifacts import SqlArtifact, indent_block
 from memory_core.context import ConversationContext, Exchange
 from memory_core.tokens import count_tokens, truncate_to_tokens
 
@@ -45,11 +51,12 @@ def render_exchange(turn: Exchange, focus: Focus) -> str:
 
 
 def _summary_part(summary: str, budget: int) -> str:
-    body = SUMMARY_HEADER + summary.rstrip() + "\n\n"
+    indented = indent_block(summary.strip("\n").rstrip())
+    body = SUMMARY_HEADER + indented + "\n\n"
     if count_tokens(body) <= budget:
         return body
     fixed = count_tokens(SUMMARY_HEADER) + count_tokens(TRUNCATED_MARKER) + 2
-    keep = truncate_to_tokens(summary, budget - fixed).rstrip()
+    keep = truncate_to_tokens(indented, budget - fixed).rstrip()
     while keep:
         part = SUMMARY_HEADER + keep + TRUNCATED_MARKER
         if count_tokens(part) <= budget:
@@ -69,13 +76,22 @@ def render_conversation_context(
         raise ValueError("max_tokens must not be negative")
     parts: list[str] = []
     used = 0
-    if ctx.summary and ctx.summary.strip():
-        summary = _summary_part(ctx.summary, max_tokens)
-        parts.append(summary)
-        used = count_tokens(summary) if summary else 0
-    kept: list[str] = []
     header = "Recent exchanges (oldest first):\n"
     header_cost = count_tokens(header)
+    if ctx.summary and ctx.summary.strip():
+        summary = _summary_part(ctx.summary, max_tokens)
+        cost = count_tokens(summary) if summary else 0
+        if ctx.recent and cost:
+            # Room for the newest exchange, unless that would leave the summary less than
+            # half the budget.
+            room = max_tokens - header_cost - count_tokens(render_exchange(ctx.recent[-1], focus))
+            cap = max(room, min(cost, max_tokens // 2))
+            if cap < cost:
+                summary = _summary_part(ctx.summary, cap)
+                cost = count_tokens(summary) if summary else 0
+        parts.append(summary)
+        used = cost
+    kept: list[str] = []
     for turn in reversed(ctx.recent):
         block = render_exchange(turn, focus)
         cost = count_tokens(block)

@@ -15,6 +15,10 @@ Writes go through one Lua script with two modes:
 * merge: union a complete Postgres snapshot into the copy (creating it if absent). Merging is
   monotonic (newer summary wins, rows are unioned by seq), so concurrent rebuilds and appends
   converge whatever order they land in.
+* refresh: a fold's new summary, carried into an *existing* copy only. A fold reads no turns
+  after the ones it folded, so it must never create a copy: one holding the summary alone
+  would claim to be complete while the newest turns sit only in Postgres (`missing`: the next
+  read rebuilds the copy whole).
 
 Both then drop turns covered by the summary, cap the unfolded turns at `cap` (oldest first;
 they stay in Postgres and the next fold covers them) and refresh the TTL of both keys.
@@ -37,16 +41,12 @@ local mode, owner = ARGV[1], ARGV[2]
 local through, last = tonumber(ARGV[4]), tonumber(ARGV[5])
 local ttl, cap = tonumber(ARGV[6]), tonumber(ARGV[7])
 local exists = redis.call('EXISTS', meta) == 1
-if not exists and mode == 'merge' then
-  -- A fresh copy starts at a random version so a re-created copy never repeats an old one.
-  redis.call('HSET', meta, 'v', ARGV[8])
-end
 local cur_through, cur_last = -1, 0
 if exists then
   if redis.call('HGET', meta, 'owner') ~= owner then return 'owner' end
   cur_through = tonumber(redis.call('HGET', meta, 'through'))
   cur_last = tonumber(redis.call('HGET', meta, 'last'))
-elseif mode == 'append' then
+elseif mode ~= 'merge' then
   return 'missing'
 end
 local add_rows = true
@@ -55,40 +55,56 @@ if mode == 'append' then
   local s = tonumber(ARGV[9])
   if s > cur_last + 1 then return 'gap' end
   add_rows = s == cur_last + 1
-elseif through > cur_through then
-  redis.call('HSET', meta, 'through', through)
-  if ARGV[3] ~= '' then redis.call('HSET', meta, 'summary', string.sub(ARGV[3], 2)) end
-  cur_through = through
 end
-if add_rows then
-  for i = 9, #ARGV, 2 do
-    local s = tonumber(ARGV[i])
-    if s > cur_through and redis.call('ZCOUNT', turns, s, s) == 0 then
-      redis.call('ZADD', turns, s, ARGV[i + 1])
+-- Out of memory (noeviction), any write below may fail, after earlier ones landed. Whatever
+-- happened, readers see a new version first and both keys keep a TTL (PEXPIRE is allowed
+-- when out of memory); the caller drops a copy whose write failed.
+local ok, err = pcall(function()
+  if exists then
+    redis.call('HINCRBY', meta, 'v', 1)
+  else
+    -- A fresh copy starts at a random version so a re-created copy never repeats an old one.
+    redis.call('HSET', meta, 'v', ARGV[8], 'owner', owner)
+  end
+  if mode ~= 'append' and through > cur_through then
+    redis.call('HSET', meta, 'through', through)
+    if ARGV[3] ~= '' then redis.call('HSET', meta, 'summary', string.sub(ARGV[3], 2)) end
+    cur_through = through
+  end
+  if add_rows then
+    for i = 9, #ARGV, 2 do
+      local s = tonumber(ARGV[i])
+      if s > cur_through and redis.call('ZCOUNT', turns, s, s) == 0 then
+        redis.call('ZADD', turns, s, ARGV[i + 1])
+      end
     end
   end
-end
-redis.call('ZREMRANGEBYSCORE', turns, '-inf', cur_through)
-redis.call('ZREMRANGEBYRANK', turns, 0, -(cap + 1))
-if last > cur_last then cur_last = last end
-if cur_through > cur_last then cur_last = cur_through end
-redis.call('HSET', meta, 'owner', owner, 'last', cur_last)
-redis.call('HINCRBY', meta, 'v', 1)
+  redis.call('ZREMRANGEBYSCORE', turns, '-inf', cur_through)
+  redis.call('ZREMRANGEBYRANK', turns, 0, -(cap + 1))
+  if last > cur_last then cur_last = last end
+  if cur_through > cur_last then cur_last = cur_through end
+  redis.call('HSET', meta, 'owner', owner, 'through', cur_through, 'last', cur_last)
+end)
 redis.call('PEXPIRE', meta, ttl)
 redis.call('PEXPIRE', turns, ttl)
+if not ok then
+  return redis.error_reply(type(err) == 'table' and err.err or tostring(err))
+end
 return 'ok'
 """
 
-# One round trip for a hit. With the version a process last parsed, an unchanged copy answers
-# just 'same' + owner, so the caller can reuse its parsed context instead of re-validating.
+# One round trip for a hit. The owner is checked here, so a stranger's read ships nothing of
+# the copy (its size would tell how long the thread is). With the version a process last
+# parsed, an unchanged copy answers just 'same', so the caller reuses its parsed context.
 _READ = """
-local v = redis.call('HGET', KEYS[1], 'v')
-if not v then return {} end
-if ARGV[1] ~= '' and v == ARGV[1] then
-  return {'same', redis.call('HGET', KEYS[1], 'owner')}
-end
+local meta = redis.call('HMGET', KEYS[1], 'v', 'owner')
+if not meta[1] then return {} end
+if ARGV[3] ~= 'any' and meta[2] ~= ARGV[2] then return {'owner'} end
+if ARGV[1] ~= '' and meta[1] == ARGV[1] then return {'same'} end
 return {'full', redis.call('HGETALL', KEYS[1]), redis.call('ZRANGE', KEYS[2], 0, -1)}
 """
+
+NOT_OWNER = "owner"
 
 
 class WorkingCopy:
@@ -119,9 +135,16 @@ class WorkingCopy:
         head: list[str | int] = ["append", owner_id, "", through, turn.seq, self.ttl_ms, self.cap]
         return [*head, 0, turn.seq, turn.model_dump_json()]
 
-    def merge_args(self, owner_id: str, ctx: ConversationContext, last_seq: int) -> list[str | int]:
+    def refresh(self, owner_id: str, thread_id: UUID, summary: str, through: int) -> str:
+        """Carry a fold's summary into the copy if there is one (`missing` otherwise)."""
+        ctx = ConversationContext(thread_id=thread_id, summary=summary, summary_through_seq=through)
+        return self._run(thread_id, self.merge_args(owner_id, ctx, through, mode="refresh"))
+
+    def merge_args(
+        self, owner_id: str, ctx: ConversationContext, last_seq: int, mode: str = "merge"
+    ) -> list[str | int]:
         summary = "" if ctx.summary is None else "s" + ctx.summary
-        args: list[str | int] = ["merge", owner_id, summary, ctx.summary_through_seq, last_seq]
+        args: list[str | int] = [mode, owner_id, summary, ctx.summary_through_seq, last_seq]
         args += [self.ttl_ms, self.cap, secrets.randbits(48)]
         for turn in ctx.recent:
             args += [turn.seq, turn.model_dump_json()]
@@ -132,24 +155,34 @@ class WorkingCopy:
         return result.decode() if isinstance(result, bytes) else str(result)
 
     def read(self, thread_id: UUID) -> tuple[dict[bytes, bytes], list[bytes]]:
-        """Meta hash and turn members, atomically, in one round trip ({} when absent)."""
-        found = self.read_if_changed(thread_id, None)
-        if found is None:
+        """Inspection (tests, benchmarks, operators): meta hash and turn members whoever owns
+        them, atomically, in one round trip ({} when absent). Readers use `read_if_changed`."""
+        found = self._read_reply(thread_id, "", None, check_owner=False)
+        if not isinstance(found, tuple):
             return {}, []
         return found[1], found[2] or []
 
     def read_if_changed(
-        self, thread_id: UUID, known_version: bytes | None
-    ) -> tuple[bytes, dict[bytes, bytes], list[bytes] | None] | None:
+        self, thread_id: UUID, owner_id: str, known_version: bytes | None
+    ) -> tuple[bytes, dict[bytes, bytes], list[bytes] | None] | str | None:
         """(version, meta, members); members is None when the copy is still `known_version`.
 
-        Returns None when there is no copy. One EVALSHA either way.
+        Returns None when there is no copy and `NOT_OWNER` when it belongs to someone else
+        (nothing of it leaves Redis then). One EVALSHA either way.
         """
-        reply = self._read(keys=self.keys(thread_id), args=[known_version or ""])
+        return self._read_reply(thread_id, owner_id, known_version, check_owner=True)
+
+    def _read_reply(
+        self, thread_id: UUID, owner_id: str, known_version: bytes | None, *, check_owner: bool
+    ) -> tuple[bytes, dict[bytes, bytes], list[bytes] | None] | str | None:
+        args = [known_version or "", owner_id, "owner" if check_owner else "any"]
+        reply = self._read(keys=self.keys(thread_id), args=args)
         if not reply:
             return None
+        if reply[0] == b"owner":
+            return NOT_OWNER
         if reply[0] == b"same":
-            return known_version or b"", {b"owner": reply[1]}, None
+            return known_version or b"", {}, None
         flat = reply[1]
         meta = dict(zip(flat[::2], flat[1::2], strict=True))
         return meta[b"v"], meta, reply[2]

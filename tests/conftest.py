@@ -18,7 +18,9 @@ from memory_core.db import get_engine, reset_engines
 from memory_core.migrate import upgrade
 from memory_core.redis_client import get_redis, reset_redis_clients
 from memory_core.settings import Settings, get_settings, reset_settings_cache
-from tests._services import bootstrap_services
+from tests._services import REPO_ROOT, bootstrap_services
+from tests.reliability.services import make_data_dir, remove_tree
+from tests.support.faults import FaultyRedis
 
 BASE_TIME = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
@@ -86,6 +88,27 @@ def dead_redis() -> Iterator[redis.Redis]:
     client = make_redis(f"redis://127.0.0.1:{port}/0")
     yield client
     client.close()
+
+
+@pytest.fixture(scope="module")
+def faulty_redis() -> Iterator[FaultyRedis]:
+    """A private Redis the module's tests may stop, fill or demote (tests/support/faults.py)."""
+    data_dir = make_data_dir(REPO_ROOT / ".agent-memory" / "faulty-redis")
+    server = FaultyRedis(data_dir)
+    try:
+        yield server
+    finally:
+        server.close()
+        remove_tree(data_dir)
+
+
+@pytest.fixture
+def fresh_faulty_redis(faulty_redis: FaultyRedis) -> Iterator[FaultyRedis]:
+    """`faulty_redis`, up, writable, empty, and put back so after the test."""
+    faulty_redis.up()
+    faulty_redis.admin.flushall()
+    yield faulty_redis
+    faulty_redis.up()
 
 
 def make_snapshot(

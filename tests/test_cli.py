@@ -46,7 +46,7 @@ def test_context_threads_and_strangers(memory: RedisConversationMemory) -> None:
     out = run("context", str(tid), "--owner", owner, "--focus", "sql")
     assert out.returncode == 0
     assert "[#2] User: Revenue by region for 2002" in out.stdout
-    assert "SQL:\nSELECT region, SUM(revenue)" in out.stdout
+    assert "SQL:\n  SELECT region, SUM(revenue)" in out.stdout
     listed = run("threads", "--owner", owner)
     assert listed.returncode == 0 and str(tid) in listed.stdout and "2 turns" in listed.stdout
     stranger = run("context", str(tid), "--owner", "mallory")

@@ -100,7 +100,9 @@ def test_running_summary_is_carried_into_next_prompt_with_artifact_tail(
     assert first_summary
     summary = memory.get_context(tid, "user-42").summary or ""
     tail = summary.split(ARTIFACT_TAIL_MARKER, 1)[1]
-    assert "[#20] SQL:\nSELECT region, SUM(revenue) AS revenue FROM sales WHERE year = 2020" in tail
+    assert (
+        "[#20] SQL:\n  SELECT region, SUM(revenue) AS revenue FROM sales WHERE year = 2020" in tail
+    )
     assert '[#22] Visualization #122 "Revenue by region 22" (chart/column)' in tail
     assert "[#19]" not in tail
 
@@ -234,7 +236,7 @@ def test_backoff_sequence_is_persisted_and_capped(redis_client, llm) -> None:  #
         3600,
         3600,
     ]
-    s = _settings(llm)
+    s = _settings(llm, memory_fold_max_llm_attempts=100)  # the raw backoff, no fallback
     memory = _memory(redis_client, s)
     folder = Folder(memory, ConversationSummarizer(s))
     tid = uuid.uuid4()
@@ -257,7 +259,7 @@ def test_backoff_sequence_is_persisted_and_capped(redis_client, llm) -> None:  #
 
 
 def test_llm_down_for_50_turns_then_recovers_with_full_coverage(redis_client, llm) -> None:  # type: ignore[no-untyped-def]
-    s = _settings(llm)
+    s = _settings(llm, memory_fold_max_llm_attempts=100)  # recovery, not the fallback
     memory = _memory(redis_client, s)
     folder = Folder(memory, ConversationSummarizer(s))
     tid = uuid.uuid4()
@@ -330,3 +332,44 @@ def test_a_lost_retry_is_republished_by_a_later_finalize_once(redis_client, llm)
         )
     assert save_session_to_thread_safe(make_snapshot(tid, 23), memory=memory).fold_published
     assert not save_session_to_thread_safe(make_snapshot(tid, 24), memory=memory).fold_published
+
+
+def test_an_error_no_retry_can_fix_falls_back_to_the_llm_free_fold_at_once(
+    redis_client, llm
+) -> None:  # type: ignore[no-untyped-def]
+    s = _settings(llm)
+    memory = _memory(redis_client, s)
+    tid = uuid.uuid4()
+    for n in range(1, 22):
+        save_session_to_thread_safe(make_snapshot(tid, n), memory=memory)
+    llm.set_mode("context_length")
+    out = Folder(memory, ConversationSummarizer(s)).fold(tid)
+    assert (out.status, out.through_seq, out.prompt) == ("folded", 11, "llm-free:v1")
+    assert out.fallback == (
+        "not retryable: SummarizationError: LLM HTTP 400 (context_length_exceeded)"
+    )
+    row = _thread_row(tid)
+    assert (row.fold_attempts, row.fold_due_at, row.summary_prompt) == (0, None, "llm-free:v1")
+    assert row.summary and row.summary.startswith("Goals:")
+
+
+def test_a_retryable_error_falls_back_after_the_attempts_run_out(redis_client, llm) -> None:  # type: ignore[no-untyped-def]
+    s = _settings(llm, memory_fold_max_llm_attempts=3)
+    memory = _memory(redis_client, s)
+    folder = Folder(memory, ConversationSummarizer(s))
+    tid = uuid.uuid4()
+    for n in range(1, 22):
+        save_session_to_thread_safe(make_snapshot(tid, n), memory=memory)
+    llm.set_mode("500")
+    assert [folder.fold(tid).status for _ in range(2)] == ["failed", "failed"]
+    out = folder.fold(tid)
+    assert (out.status, out.through_seq) == ("folded", 11)
+    assert (
+        out.fallback == "3 failed attempts, last: SummarizationError: LLM HTTP 500 (server_error)"
+    )
+    assert llm.calls == 3
+    llm.set_mode("ok")  # the next fold asks the LLM again
+    for n in range(22, 33):
+        save_session_to_thread_safe(make_snapshot(tid, n), memory=memory)
+    again = folder.fold(tid)
+    assert (again.status, again.prompt, again.fallback) == ("folded", "builtin:v1", None)

@@ -150,6 +150,7 @@ def test_migrate_sets_up_the_checkpointer_in_its_own_schema_without_drift(scratc
     assert set(insp.get_table_names()) == {
         "alembic_version",
         "conversation_threads",
+        "memory_settings_seen",
         "thread_messages",
     }
     with engine.connect() as conn:  # as migrations/env.py compares: the default schema only
@@ -170,7 +171,7 @@ def test_load_context_owner_checked_and_views(memory: RedisConversationMemory) -
     stranger = load_conversation_context({**state, "owner_id": "mallory"}, memory)
     assert stranger["conversation_context"]["recent"] == []  # nothing leaks
     sql_view = context_view(state, "sql", max_tokens=400)
-    assert "SQL:\nSELECT region, SUM(revenue)" in sql_view
+    assert "SQL:\n  SELECT region, SUM(revenue)" in sql_view
     brief = context_view(state, "brief", max_tokens=130)
     assert "[#2]" in brief and "[#1]" not in brief  # its own budget: oldest dropped first
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 import uuid
 from datetime import UTC, datetime
 
@@ -9,10 +10,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memory_core.artifacts import DashboardArtifact, SqlArtifact, VisualizationArtifact
+from memory_core.artifacts import (
+    DashboardArtifact,
+    SqlArtifact,
+    VisualizationArtifact,
+    indent_block,
+)
 from memory_core.context import ConversationContext, Exchange
 from memory_core.tokens import count_tokens, encoding
-from memory_core.views import TRUNCATED_MARKER, render_conversation_context
+from memory_core.views import TRUNCATED_MARKER, render_conversation_context, render_exchange
 
 SQL = (
     "SELECT region,\n       SUM(revenue) AS revenue\nFROM sales\nWHERE year = 2025\nGROUP BY region"
@@ -47,7 +53,8 @@ def _ctx(
 
 def test_sql_focus_keeps_sql_verbatim_and_one_lines_the_rest() -> None:
     out = render_conversation_context(_ctx(1), "sql", 1000)
-    assert SQL in out
+    # Verbatim, every line indented two spaces (user text cannot pose as a view line).
+    assert "SQL:\n" + textwrap.indent(SQL, "  ") in out
     assert 'Visualization #17 "Revenue by region" (chart/column)' in out
     assert "x: region" not in out
 
@@ -74,13 +81,13 @@ def test_oldest_exchanges_are_dropped_first() -> None:
     kept = [e.seq for e in ctx.recent if f"[#{e.seq}] User:" in out]
     assert kept and kept == list(range(31 - len(kept), 31))
     assert f"({30 - len(kept)} older exchanges omitted)" in out
-    assert out.startswith("Conversation summary:\nGoal: revenue by region")
+    assert out.startswith("Conversation summary:\n  Goal: revenue by region")
 
 
 def test_summary_alone_over_budget_is_cut_with_marker() -> None:
     ctx = _ctx(3, summary="word " * 2000)
     out = render_conversation_context(ctx, "brief", 100)
-    assert out.startswith("Conversation summary:\nword") and out.endswith(TRUNCATED_MARKER)
+    assert out.startswith("Conversation summary:\n  word") and out.endswith(TRUNCATED_MARKER)
     assert count_tokens(out) <= 100 and "[#" not in out
 
 
@@ -146,7 +153,12 @@ def test_view_never_exceeds_budget_and_keeps_summary(
     assert out == render_conversation_context(ctx, focus, budget)  # type: ignore[arg-type]
     if ctx.summary and ctx.summary.strip() and budget >= 40:
         assert out.startswith("Conversation summary:\n")
-        full = ctx.summary.rstrip() in out
-        assert full or out.rstrip("\n").endswith(TRUNCATED_MARKER.strip())
+        full = indent_block(ctx.summary.strip("\n").rstrip()) in out
+        assert full or TRUNCATED_MARKER in out
+    if ctx.recent:
+        # Room for the newest exchange whenever it fits in half the budget.
+        newest = render_exchange(ctx.recent[-1], focus)  # type: ignore[arg-type]
+        if count_tokens("Recent exchanges (oldest first):\n" + newest) <= budget // 2:
+            assert f"[#{ctx.recent[-1].seq}] User: " in out
     kept = [e.seq for e in ctx.recent if f"[#{e.seq}] User: " in out]
     assert kept == [e.seq for e in ctx.recent][len(ctx.recent) - len(kept) :]

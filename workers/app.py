@@ -20,13 +20,13 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import structlog
 from celery import Celery
-from celery.signals import worker_init, worker_process_shutdown
+from celery.signals import setup_logging, worker_init, worker_process_shutdown
 from celery.worker.consumer import Consumer
 from kombu import Queue
 
 from memory_core.fold_publisher import FINALIZE_QUEUE, FINALIZE_TASK, FOLD_QUEUE, FOLD_TASK
+from memory_core.logs import get_logger
 from memory_core.metrics import serve_worker_metrics
 from memory_core.settings import get_settings
 from workers.broker import use_atomic_take
@@ -70,9 +70,7 @@ class MemoryConsumer(Consumer):
                 try:
                     close()
                 except AttributeError as error:
-                    structlog.get_logger(__name__).warning(
-                        "memory.broker_close_failed", error=repr(error)
-                    )
+                    get_logger(__name__).warning("memory.broker_close_failed", error=repr(error))
 
             connection.close = close_broken_connection
         super().on_connection_error_after_connected(exc)
@@ -147,6 +145,12 @@ def _metrics_child_exit(pid: int | None = None, **_: Any) -> None:
         multiprocess.mark_process_dead(pid or os.getpid())
 
 
-configure_logging()
+@setup_logging.connect
+def _json_logs(loglevel: Any = None, **_: Any) -> None:
+    # Connected: Celery leaves logging to us, and only in a worker (or `celery` command),
+    # never in a process that merely imports this module.
+    configure_logging(loglevel)
+
+
 use_atomic_take()
 app = make_app()

@@ -27,7 +27,6 @@ from queue import Empty
 from time import monotonic
 from typing import Any
 
-import structlog
 from kombu import transport as kombu_transport
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
@@ -37,7 +36,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-log = structlog.get_logger(__name__)
+from memory_core.logs import get_logger
+
+log = get_logger(__name__)
 
 # KEYS: the queue lists in take order, then the unacked hash and the unacked index.
 # The stored entry is kombu's own ([payload, exchange, routing_key]); the payload is spliced

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import random
 import uuid
-from typing import Any
+from typing import Any, NoReturn
 
-import structlog
 from celery import Task
 from celery.exceptions import Reject
-from sqlalchemy.exc import InterfaceError, OperationalError
 
 from memory_core.conversation_memory import RedisConversationMemory
+from memory_core.db import describe_db_error
 from memory_core.events import (
     MEMORY_FINALIZE_REJECTED,
     MEMORY_SUMMARIZATION_FAILED,
@@ -19,12 +18,13 @@ from memory_core.events import (
     emit_event,
 )
 from memory_core.fold_publisher import FINALIZE_TASK, FOLD_TASK, publish_fold
-from memory_core.folding import Folder
-from memory_core.session_handler import save_session_to_thread_safe
+from memory_core.folding import POSTGRES_DOWN, Folder, backoff_delay
+from memory_core.logs import describe_error, get_logger
+from memory_core.session_handler import SaveOutcome, save_session_to_thread_safe
 from memory_core.summarizer import ConversationSummarizer
 from workers.app import FINALIZE_HARD_LIMIT_S, FINALIZE_SOFT_LIMIT_S, app, fold_limits
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class MemoryTask(Task):
@@ -58,6 +58,16 @@ def finalize_retry_delay(retries: int, cap_s: int) -> float:
     return float(min(2**retries, cap_s)) + random.uniform(0, 1)
 
 
+def _uuid_text(value: Any) -> str:
+    """The id if it is a canonical UUID, else "": events and logs carry nothing else of a job."""
+    if isinstance(value, str) and len(value) == 36:
+        try:
+            return str(uuid.UUID(value))
+        except ValueError:
+            pass
+    return ""
+
+
 @app.task(
     bind=True,
     base=MemoryTask,
@@ -71,7 +81,10 @@ def finalize_turn(self: MemoryTask, snapshot: Any) -> dict[str, Any]:
         reason = f"invalid turn snapshot: expected a JSON object, got {type(snapshot).__name__}"
         log.warning("memory.finalize_rejected", reason=reason)  # the core logs the others
         _reject_finalize(self, {}, reason)
-    outcome = save_session_to_thread_safe(snapshot, memory=self.memory)
+    try:
+        outcome = save_session_to_thread_safe(snapshot, memory=self.memory)
+    except Exception as exc:  # the core returns outcomes; this is a bug or a broken process
+        outcome = SaveOutcome("failed", reason=f"error: {describe_error(exc)}", retryable=True)
     if outcome.status == "rejected":
         _reject_finalize(self, snapshot, outcome.reason or "rejected")
     if outcome.status == "failed":
@@ -83,13 +96,13 @@ def finalize_turn(self: MemoryTask, snapshot: Any) -> dict[str, Any]:
     return {"status": outcome.status, "seq": outcome.seq, "cache": outcome.cache}
 
 
-def _reject_finalize(task: MemoryTask, snapshot: dict[str, Any], reason: str) -> None:
+def _reject_finalize(task: MemoryTask, snapshot: dict[str, Any], reason: str) -> NoReturn:
     """Bad input is final: emit `memory_finalize_rejected`, ack without retry."""
     emit_event(
         task.memory.redis,
         MEMORY_FINALIZE_REJECTED,
-        thread_id=_text(snapshot.get("thread_id")),
-        session_id=_text(snapshot.get("session_id")),
+        thread_id=_uuid_text(snapshot.get("thread_id")),
+        session_id=_uuid_text(snapshot.get("session_id")),
         error=reason,
     )
     raise Reject(reason, requeue=False)
@@ -107,57 +120,71 @@ _FOLD_SOFT, _FOLD_HARD = fold_limits()
     time_limit=_FOLD_HARD,
 )
 def fold_thread(self: MemoryTask, thread_id: Any) -> dict[str, Any]:
-    if not isinstance(thread_id, str):
-        _reject_fold(f"thread_id must be a string, not {type(thread_id).__name__}")
+    tid = _uuid_text(thread_id)
+    if not tid:  # malformed: nothing to fold, ever
+        _reject_fold("thread_id is not a UUID string")
     # Retries and redeliveries of this job keep its task id, and so its lease token.
     token = uuid.uuid5(uuid.NAMESPACE_URL, f"{FOLD_TASK}:{self.request.id}")
     try:
-        outcome = self.folder.fold(thread_id, lease_token=token if self.request.id else None)
-    except ValueError as exc:  # malformed id: nothing to fold, ever
-        _reject_fold(f"thread_id is not a UUID: {exc}")
-    except (OperationalError, InterfaceError) as exc:
+        outcome = self.folder.fold(tid, lease_token=token if self.request.id else None)
+    except POSTGRES_DOWN as exc:
         # Postgres unreachable mid-fold: not a summarizer failure (no attempt is counted);
         # retry with the finalize backoff. Without this the fold was dropped and the thread
         # waited for the republish grace (and the lease) before folding again.
         delay = finalize_retry_delay(
             self.request.retries, self.memory.settings.memory_finalize_retry_cap_s
         )
-        log.warning("memory.fold_retry", retry_in_s=round(delay, 1), reason=str(exc)[:300])
+        log.warning("memory.fold_retry", retry_in_s=round(delay, 1), reason=describe_db_error(exc))
         raise self.retry(countdown=delay, exc=exc) from exc
-    redis = self.memory.redis
+    except Exception as exc:  # before the lease (after it, Folder counts an attempt)
+        delay = backoff_delay(self.request.retries + 1)
+        error = describe_error(exc)
+        _fold_failed_event(self, tid, "", self.request.retries + 1, error, retry_in_s=delay)
+        raise self.retry(countdown=delay, exc=RuntimeError(describe_error(exc))) from exc
     if outcome.status == "busy":
         # Another fold holds the lease. If its worker died, the lease lapses: check again then
         # (a no-op if the holder finished), so a killed fold is never silently dropped.
         raise self.retry(countdown=self.memory.settings.memory_fold_lease_s + 1)
     if outcome.status == "failed":
-        emit_event(
-            redis,
-            MEMORY_SUMMARIZATION_FAILED,
-            thread_id=outcome.thread_id,
-            session_id=outcome.session_id or "",
-            attempt=outcome.attempt,
-            error=outcome.error or "",
+        _fold_failed_event(
+            self,
+            outcome.thread_id,
+            outcome.session_id or "",
+            outcome.attempt,
+            outcome.error or "",
             retry_in_s=outcome.retry_in_s,
         )
         raise self.retry(countdown=outcome.retry_in_s, exc=RuntimeError(outcome.error))
     if outcome.status == "folded":
+        extra: dict[str, Any] = {"fallback": outcome.fallback} if outcome.fallback else {}
         emit_event(
-            redis,
-            MEMORY_SUMMARIZED,
+            self.memory.redis,
+            MEMORY_SUMMARIZED,  # to the routine stream
             thread_id=outcome.thread_id,
             session_id=outcome.session_id or "",
             through_seq=str(outcome.through_seq),
             prompt=outcome.prompt or "",
+            **extra,
         )
         if outcome.more_pending:  # a backlog beyond one bounded prompt: keep going
             publish_fold(outcome.thread_id, self.memory.settings.celery_broker_url)
     return {"status": outcome.status, "through_seq": outcome.through_seq}
 
 
-def _reject_fold(reason: str) -> None:
+def _fold_failed_event(
+    task: MemoryTask, tid: str, sid: str, attempt: int, error: str, *, retry_in_s: int | None
+) -> None:
+    emit_event(
+        task.memory.redis,
+        MEMORY_SUMMARIZATION_FAILED,
+        thread_id=tid,
+        session_id=sid,
+        attempt=attempt,
+        error=error,
+        retry_in_s=retry_in_s,
+    )
+
+
+def _reject_fold(reason: str) -> NoReturn:
     log.warning("memory.fold_rejected", reason=reason)
     raise Reject(reason, requeue=False)
-
-
-def _text(value: Any) -> str:
-    return value[:64] if isinstance(value, str) else ""

@@ -78,14 +78,14 @@ def last_sql(sql_view: str) -> PriorSql | None:
     block: list[str] | None = None
     for line in [*sql_view.splitlines(), ""]:
         turn = re.match(r"^\[#(\d+)\] User:", line)
-        if block is not None and (not line.strip() or turn or _artifact_line(line)):
+        if block is not None and (not line.startswith("  ") or turn or _artifact_line(line)):
             found, block = PriorSql(seq, "\n".join(block).strip()), None
         if turn:
             seq = int(turn.group(1))
         elif line == "SQL:":
             block = []
         elif block is not None:
-            block.append(line)
+            block.append(line.removeprefix("  "))  # views indent verbatim SQL by two spaces
     return found
 
 

@@ -10,6 +10,11 @@ real `openai` client is exercised. Modes, switchable at runtime via `server.mode
 - "garbage": a 200 answer whose content is mostly non-text
 - "refusal": a 200 answer "I'm sorry, but I cannot help with that."
 - "long": a 200 answer of `long_words` words (to exceed a token bound)
+- "nul", "surrogate": the "ok" summary with a NUL / a lone UTF-16 surrogate inside (text
+  Postgres cannot store)
+- "context_length": HTTP 400 `context_length_exceeded` (an error no retry can fix)
+- "refusal_echo", "garbage_echo": a refusal / garbage that quotes the first user line of the
+  prompt (providers do: the library must not pass it on)
 
 Every request body is recorded in `server.requests` (parsed JSON).
 
@@ -26,7 +31,20 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-MODES = ("ok", "500", "timeout", "empty", "garbage", "refusal", "long")
+MODES = (
+    "ok",
+    "500",
+    "timeout",
+    "empty",
+    "garbage",
+    "refusal",
+    "long",
+    "nul",
+    "surrogate",
+    "context_length",
+    "refusal_echo",
+    "garbage_echo",
+)
 
 
 def _message_texts(body: dict[str, Any]) -> list[str]:
@@ -38,6 +56,14 @@ def _message_texts(body: dict[str, Any]) -> list[str]:
         elif isinstance(content, list):  # content parts
             texts.extend(str(p.get("text", "")) for p in content if isinstance(p, dict))
     return texts
+
+
+def _first_user_line(body: dict[str, Any]) -> str:
+    for text in _message_texts(body):
+        for line in text.splitlines():
+            if line.startswith("User: "):
+                return line
+    return ""
 
 
 def deterministic_summary(body: dict[str, Any]) -> str:
@@ -91,6 +117,15 @@ class _Handler(BaseHTTPRequestHandler):
                 500, {"error": {"message": "fake upstream failure", "type": "server_error"}}
             )
             return
+        if mode == "context_length":
+            error = {
+                "message": "This model's maximum context length is 8192 tokens.",
+                "type": "invalid_request_error",
+                "param": "messages",
+                "code": "context_length_exceeded",
+            }
+            self._send_json(400, {"error": error})
+            return
         if mode == "timeout":
             owner.stopping.wait(owner.delay_s)
         content = {
@@ -100,6 +135,11 @@ class _Handler(BaseHTTPRequestHandler):
             "garbage": "\x00\x01 ### 0101 $$%%^^ ~~~ \ufffd\ufffd 42 ::: ### 9999 \x02",
             "refusal": "I'm sorry, but I cannot help with that.",
             "long": " ".join(f"summary{i % 50}" for i in range(owner.long_words)),
+            "nul": deterministic_summary(body).replace(". ", ".\x00 ", 1),
+            "surrogate": deterministic_summary(body).replace(". ", ".\ud800 ", 1),
+            "refusal_echo": f"I'm sorry, I cannot summarize this: {_first_user_line(body)}",
+            "garbage_echo": "#### 0000 1111 2222 3333 4444 5555 6666 7777 8888 9999 $$$$ %%%% "
+            f"^^^^ &&&& **** 0101 1010 {_first_user_line(body)[:20]}",
         }.get(mode, "")
         prompt_tokens = sum(len(t.split()) for t in _message_texts(body))
         completion_tokens = len(content.split())

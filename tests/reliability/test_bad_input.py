@@ -36,6 +36,7 @@ from memory_core import (
     render_conversation_context,
     save_session_to_thread_safe,
 )
+from memory_core.artifacts import indent_block, one_line
 from memory_core.db import session_scope
 from memory_core.events import EventConsumer
 from memory_core.models import ConversationThread, ThreadMessage
@@ -243,10 +244,20 @@ def _counts() -> tuple[int, int]:
 
 
 def _ids(payload: Any) -> tuple[str, str]:
+    """The ids a rejection event carries: only those that are UUID strings (nothing else of
+    a bad job reaches an event)."""
     if not isinstance(payload, dict):
         return "", ""
-    t, s = payload.get("thread_id"), payload.get("session_id")
-    return (t[:64] if isinstance(t, str) else "", s[:64] if isinstance(s, str) else "")
+    return _uuid(payload.get("thread_id")), _uuid(payload.get("session_id"))
+
+
+def _uuid(value: Any) -> str:
+    if not isinstance(value, str) or len(value) != 36:
+        return ""
+    try:
+        return str(uuid.UUID(value))
+    except ValueError:
+        return ""
 
 
 def test_generated_bad_payloads_through_the_core_and_a_worker(
@@ -538,24 +549,40 @@ def _check_round_trip(memory: RedisConversationMemory, snap: dict[str, Any]) -> 
     sql, viz, chart, dash = turn.artifacts
     assert isinstance(sql, SqlArtifact) and sql.sql == text
     assert isinstance(viz, VisualizationArtifact) and isinstance(chart, VisualizationArtifact)
-    assert (viz.id, viz.type, viz.name) == (text[:255], text[:100], text)
-    assert (chart.name, chart.chart, chart.x) == (text, text, [text])
+    # Descriptor fields are flattened to one line and bounded (names can come from other
+    # users' dashboards and must not forge lines); ids keep their full length.
+    assert (viz.id, viz.type, viz.name) == (
+        one_line(text[:255], 255),
+        one_line(text[:100], 100),
+        one_line(text, 200),
+    )
+    assert (chart.name, chart.chart, chart.x) == (
+        one_line(text, 200),
+        one_line(text, 100),
+        [one_line(text, 100)],
+    )
     assert isinstance(dash, DashboardArtifact)
-    assert (dash.id, dash.name, dash.visualization_ids) == (text[:255], text, [text[:255]])
+    assert (dash.id, dash.name, dash.visualization_ids) == (
+        one_line(text[:255], 255),
+        one_line(text, 200),
+        [one_line(text[:255], 255)],
+    )
     memory.invalidate(tid)
     assert memory.get_context(tid, owner) == hit  # rehydrated from Postgres: the same
     with session_scope() as s:
         (row,) = ThreadMessage.transcript(s, tid, owner)
         assert row.response_payload == snap["response_payload"]
         assert (row.user_query, row.answer) == (text, text)
-    # Views: SQL verbatim in the sql view; names verbatim in the visualizations view; the
-    # query's gist (whitespace runs collapsed, by design) in every view.
+    # Views: SQL verbatim (indented) in the sql view; names quoted as JSON strings in the
+    # visualizations view; the query's gist (whitespace runs collapsed) in every view.
     gist = " ".join(text.split())
     for focus in ("brief", "sql", "visualizations"):
         view = render_conversation_context(hit, focus, max_tokens=4000)  # type: ignore[arg-type]
         assert gist[:200] in view
-    assert f"SQL:\n{text}" in render_conversation_context(hit, "sql", max_tokens=4000)
-    assert f'"{text}"' in render_conversation_context(hit, "visualizations", max_tokens=4000)
+    sql_view = render_conversation_context(hit, "sql", max_tokens=4000)
+    assert "SQL:\n" + indent_block(text) in sql_view
+    quoted = json.dumps(one_line(text, 200), ensure_ascii=False)
+    assert quoted in render_conversation_context(hit, "visualizations", max_tokens=4000)
 
 
 def test_hostile_text_in_every_field_round_trips_or_is_rejected(

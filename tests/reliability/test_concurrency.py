@@ -169,7 +169,7 @@ def test_two_folds_racing_one_wins_the_other_is_a_noop(stack: Stack, llm: FakeLL
 
 def _new_turns(prompt: str) -> str:
     """The part of a built-in prompt that lists the turns being folded (not the old summary)."""
-    return prompt.split("New conversation turns:", 1)[1]
+    return prompt.split("<conversation>", 1)[1]
 
 
 def _queries(turns: str) -> set[str]:

@@ -250,7 +250,9 @@ def test_llm_failing_for_50_turns_then_recovering(
     llm: FakeLLMServer,
     events_stream: str,
 ) -> None:
-    w = start_worker(concurrency=1)
+    # Nine failed attempts in a row: this scenario is about recovering, not about the
+    # LLM-free fallback after MEMORY_FOLD_MAX_LLM_ATTEMPTS (tests/test_folding.py).
+    w = start_worker(concurrency=1, env={"MEMORY_FOLD_MAX_LLM_ATTEMPTS": "100"})
     redis = make_redis(stack.redis_url)
     consumer = EventConsumer(redis, "alerting", "alerting-1", stream=events_stream)
     consumer.ensure_group()

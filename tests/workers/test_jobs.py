@@ -10,7 +10,7 @@ from sqlalchemy import select
 
 from memory_core import RedisConversationMemory
 from memory_core.db import session_scope
-from memory_core.events import EventConsumer
+from memory_core.events import EventConsumer, routine_stream
 from memory_core.models import ConversationThread, ThreadMessage
 from tests.conftest import make_snapshot
 from tests.fakes.llm_server import FakeLLMServer
@@ -118,7 +118,9 @@ def test_folds_run_on_the_worker_and_emit_summarized(
     t = _thread(tid)
     assert t is not None and t.summary_prompt == "builtin:v1"
     assert llm.calls == 2
-    events = _events(redis_client, events_stream)
+    # Successful folds are routine events: on the routine stream, never crowding out failures.
+    assert _events(redis_client, events_stream) == []
+    events = _events(redis_client, routine_stream(events_stream))
     assert [e.event for e in events] == ["memory_summarized"] * 2
     assert [e.fields["through_seq"] for e in events] == ["11", "22"]
 
@@ -171,8 +173,53 @@ def test_malformed_fold_jobs_are_rejected(start_worker, agent) -> None:  # type:
     wait_for(
         lambda: w.log().count('"memory.fold_rejected"') == 2, 30, "two rejected fold jobs", w.log
     )
-    assert "thread_id is not a UUID" in w.log() and "thread_id must be a string, not int" in w.log()
+    assert '"reason": "thread_id is not a UUID string"' in w.log()
     broker = redis.Redis.from_url(agent.conf.broker_url)
     wait_for(lambda: broker.llen("memory.fold") == 0, 30, "fold queue drained", w.log)
     wait_for(lambda: "{'status': 'missing'" in w.log(), 30, "the unknown thread's no-op", w.log)
     assert w.alive()
+
+
+MARKER = "ZQXWORKERMARKER"
+
+
+def test_no_job_content_reaches_the_worker_log_or_the_events(
+    start_worker, agent, redis_client, events_stream: str, llm: FakeLLMServer
+) -> None:  # type: ignore[no-untyped-def]
+    """A marker in every field, through a rejection, saves, a fold failure that the LLM
+    answers by quoting the user, and the fallback fold after it."""
+    llm.set_mode("refusal_echo")
+    w = start_worker(env={"MEMORY_FOLD_MAX_LLM_ATTEMPTS": "2"})
+    tid = uuid.uuid4()
+    for n in range(1, 22):
+        snap = make_snapshot(
+            tid,
+            n,
+            owner_id=f"owner-{MARKER}",
+            user_query=f"q{n} {MARKER}",
+            answer=MARKER,
+            sql=[f"SELECT '{MARKER}'"],
+        )
+        snap["visualizations"][0]["name"] = MARKER
+        send_finalize(agent, snap)
+    bad = make_snapshot(tid, 99, user_query=f"{MARKER}\x00", owner_id=MARKER)
+    send_finalize(agent, bad)
+    failures = wait_for(
+        lambda: [e for e in _events(redis_client, events_stream, "m") if e.attempt],
+        60,
+        "a failed fold attempt",
+        w.log,
+    )
+    send_fold(agent, str(tid))  # the second attempt: the LLM-free fallback
+    wait_for(
+        lambda: (t := _thread(tid)) is not None and t.summary_through_seq == 11,
+        60,
+        "the fallback fold",
+        w.log,
+    )
+    events = [*failures, *_events(redis_client, events_stream, "m2")]
+    events += _events(redis_client, routine_stream(events_stream))
+    assert {e.event for e in events} >= {"memory_summarization_failed", "memory_summarized"}
+    for e in events:
+        assert MARKER not in str(e.fields), e.fields
+    assert MARKER not in w.log()

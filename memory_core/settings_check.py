@@ -1,0 +1,103 @@
+"""Processes that disagree on memory settings notice each other.
+
+Agents, finalize workers and fold workers each build their own `RedisConversationMemory`. If
+they disagree on the key prefix, one writes working copies the other never reads (a follow-up
+misses turns until the copy expires); on the threshold or recent-turn count, finalize asks for
+folds the fold worker declines. Each process records a fingerprint of the settings that must
+agree in `memory_settings_seen` (at most once an hour per fingerprint, in a background thread:
+never on the caller's path) and warns (`memory.settings_disagree`, gauge
+`memory_settings_disagreements`) when another fingerprint was recorded in the last two hours.
+The fingerprint holds settings only, never content.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import delete, literal_column, select
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.sql import func
+
+from memory_core.logs import get_logger
+from memory_core.metrics import SETTINGS_DISAGREEMENTS
+
+if TYPE_CHECKING:
+    from memory_core.conversation_memory import RedisConversationMemory
+
+log = get_logger(__name__)
+
+ANNOUNCE_EVERY_S = 3600.0
+WINDOW = "2 hours"
+FORGET_AFTER = "7 days"
+_MAX_ANNOUNCED = 64
+_announced: dict[tuple[str, str], float] = {}
+_lock = threading.Lock()
+
+
+def fingerprint(memory: RedisConversationMemory) -> str:
+    return (
+        f"key_prefix={memory.key_prefix} compression_threshold={memory.compression_threshold} "
+        f"max_recent_messages={memory.max_recent_messages} "
+        f"max_unfolded_messages={memory.max_unfolded_messages}"
+    )[:500]
+
+
+def announce(memory: RedisConversationMemory, *, wait: bool = False) -> threading.Thread | None:
+    """Record this process's fingerprint and check for others, in a daemon thread."""
+    fp = fingerprint(memory)
+    key = (memory.engine.url.render_as_string(hide_password=True), fp)
+    now = time.monotonic()
+    with _lock:
+        if now - _announced.get(key, -ANNOUNCE_EVERY_S - 1) < ANNOUNCE_EVERY_S:
+            return None
+        if len(_announced) >= _MAX_ANNOUNCED:
+            _announced.clear()
+        _announced[key] = now
+    worker = threading.Thread(target=check, args=(memory, fp), name="memory-settings", daemon=True)
+    worker.start()
+    if wait:
+        worker.join()
+    return worker
+
+
+def check(memory: RedisConversationMemory, fp: str) -> list[str]:
+    """Upsert `fp`; the other fingerprints seen within the window (warned about)."""
+    from memory_core.models import MemorySettingsSeen as Seen
+
+    try:
+        with memory.engine.begin() as conn:
+            conn.execute(
+                insert(Seen)
+                .values(fingerprint=fp)
+                .on_conflict_do_update(
+                    index_elements=[Seen.fingerprint], set_={"last_seen": func.now()}
+                )
+            )
+            conn.execute(delete(Seen).where(Seen.last_seen < func.now() - _ago(FORGET_AFTER)))
+            others = list(
+                conn.scalars(
+                    select(Seen.fingerprint).where(
+                        Seen.fingerprint != fp,
+                        Seen.last_seen > func.now() - _ago(WINDOW),
+                    )
+                )
+            )
+    except Exception as exc:  # an old schema, Postgres down: this is only a warning system
+        log.debug("memory.settings_check_skipped", error=type(exc).__name__)
+        return []
+    SETTINGS_DISAGREEMENTS.set(len(others))
+    if others:
+        log.warning("memory.settings_disagree", here=fp, elsewhere=others)
+    return others
+
+
+def _ago(interval: str) -> Any:
+    return literal_column(f"interval '{interval}'")
+
+
+def forget_announced() -> None:
+    """Tests: announce again on the next memory."""
+    with _lock:
+        _announced.clear()

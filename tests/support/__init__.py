@@ -1,0 +1,1 @@
+"""Helpers shared by tests (imported explicitly, never from conftest)."""
