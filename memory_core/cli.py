@@ -206,21 +206,26 @@ def threads(
 
 @events_app.command("tail")
 @one_line_errors
-def events_tail(
+def events_tail(  # options only: typer passes them by name
+    *,
     group: Annotated[str | None, typer.Option(help="Consumer group (acks what it reads).")] = None,
     consumer: Annotated[str | None, typer.Option(help="Consumer name within the group.")] = None,
     follow: Annotated[bool, typer.Option("--follow/--no-follow", "-f")] = False,
     count: int = 20,
     from_start: bool = False,
+    routine: Annotated[
+        bool, typer.Option(help="The routine stream (memory_summarized) instead.")
+    ] = False,
 ) -> None:
-    """Print memory events (memory_summarization_failed, memory_summarized, ...)."""
-    from memory_core.events import format_event, tail_events
+    """Print memory events (memory_summarization_failed, memory_finalize_rejected, ...)."""
+    from memory_core.events import format_event, routine_stream, tail_events
     from memory_core.redis_client import get_redis
 
     s = get_settings()
+    stream = routine_stream(s.memory_events_stream) if routine else s.memory_events_stream
     for event in tail_events(
         get_redis(s.redis_url),
-        stream=s.memory_events_stream,
+        stream=stream,
         group=group,
         consumer=consumer,
         follow=follow,
@@ -239,6 +244,24 @@ def bench_core_cmd(iterations: int = 2000) -> None:
 
     s = get_settings()
     bench_core(database_url=s.database_url, redis_url=s.redis_url, iterations=iterations)
+
+
+@bench_app.command("access")
+@one_line_errors
+def bench_access_cmd(reps: int = 300) -> None:
+    """A stranger's refusal vs an unknown thread's, for a small and a large copy."""
+    from memory_core.bench_guest import bench_access
+
+    bench_access(settings=get_settings(), reps=reps)
+
+
+@bench_app.command("rss")
+@one_line_errors
+def bench_rss_cmd(turns: int = 1000) -> None:
+    """A fold-worker-like process's RSS after 100 and after N distinct turns."""
+    from memory_core.bench_guest import bench_rss
+
+    bench_rss(settings=get_settings(), turns=turns)
 
 
 @bench_app.command("workers")
@@ -285,6 +308,12 @@ def demo() -> None:
 
 
 def main() -> None:
+    # The library is silent unless its host configures logging; the command line is a host:
+    # warnings and errors as JSON lines on stderr (MEMORY_LOG_LEVEL), never on stdout.
+    # `worker` and `flower` replace this process and configure their own.
+    from memory_core.logs import configure_logging
+
+    configure_logging(os.environ.get("MEMORY_LOG_LEVEL", "WARNING").upper())
     app()
 
 
