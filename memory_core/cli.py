@@ -312,8 +312,15 @@ def main() -> None:
     # warnings and errors as JSON lines on stderr (MEMORY_LOG_LEVEL), never on stdout.
     # `worker` and `flower` replace this process and configure their own.
     from memory_core.logs import configure_logging
+    from memory_core.settings import SettingsError
 
     configure_logging(os.environ.get("MEMORY_LOG_LEVEL", "WARNING").upper())
+    if "--help" not in sys.argv:
+        try:
+            get_settings()  # settings that cannot work: one line, before anything is done
+        except SettingsError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise SystemExit(1) from None
     app()
 
 

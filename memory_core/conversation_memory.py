@@ -128,6 +128,8 @@ class RedisConversationMemory:
             raise ValueError("max_unfolded_messages must be at least 2 x compression_threshold")
         if self.max_recent_messages >= self.compression_threshold:
             raise ValueError("max_recent_messages must be below compression_threshold")
+        if not 0 < self.ttl_hours <= 876_000:  # also refuses NaN; at most 100 years
+            raise ValueError("ttl_hours must be a positive number of hours (at most 876000)")
         self.redis = redis_client if redis_client is not None else get_redis(s.redis_url)
         self.engine = engine if engine is not None else get_engine(s.database_url)
         # Parsed contexts by copy version: a hit on an unchanged copy skips re-validation.

@@ -46,6 +46,16 @@ SETTINGS_DISAGREEMENTS = Gauge(
     "Other memory settings fingerprints recorded in the last two hours (settings_check.py)",
     multiprocess_mode="max",
 )
+PROMPT_REFUSED = Counter(
+    "memory_prompt_refused_total",
+    "Managed (Langfuse) summarizer prompts refused for their variables: missing or unknown",
+    ["reason"],
+)
+TASK_UNEXPECTED = Counter(
+    "memory_task_unexpected_errors_total",
+    "Task runs ended by an error nothing else handled (retried with backoff)",
+    ["task"],
+)
 FOLD_FALLBACKS = Counter(
     "memory_fold_fallbacks_total",
     "Folds that used the LLM-free summary because the LLM kept failing or could not succeed",

@@ -1,9 +1,13 @@
 """Prompts of the conversation summarizer: the built-in texts and the Langfuse prompt.
 
-The Langfuse prompt `conversation_summarizer` (text or chat, variables `previous_summary` and
-`conversation`) wins when Langfuse is configured and answers quickly; on any Langfuse failure
-(bad keys, unreachable, hanging, missing prompt, a prompt without the variables) the built-in
-prompt is used. Langfuse is an optimisation here, never a dependency.
+The Langfuse prompt `conversation_summarizer` (text or chat, with exactly the variables
+`{{previous_summary}}` and `{{conversation}}`) wins when Langfuse is configured and answers
+quickly; on any Langfuse failure (bad keys, unreachable, hanging, missing prompt) the built-in
+prompt is used. So is it for a managed prompt that lacks either variable or uses one we do not
+fill: without `{{previous_summary}}` each fold would replace the running summary with a summary
+of the new turns alone, erasing everything folded before. Such a prompt is refused with a
+warning and `memory_prompt_refused_total{reason}`; the fold's `summary_prompt` then says
+`builtin:v1`. Langfuse is an optimisation here, never a dependency.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from openai.types.chat import (
 )
 from opentelemetry.sdk.trace import TracerProvider
 
+from memory_core.metrics import PROMPT_REFUSED
 from memory_core.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -109,12 +114,33 @@ def make_langfuse_client(settings: Settings) -> Langfuse | None:
         return None
 
 
+PROMPT_VARIABLES = frozenset({"previous_summary", "conversation"})
+
+
+def _variables_problem(prompt: PromptClient) -> str | None:
+    """Why a managed prompt cannot be used as it is, or None."""
+    found = set(prompt.variables)
+    missing, extra = sorted(PROMPT_VARIABLES - found), sorted(found - PROMPT_VARIABLES)
+    if missing:
+        return "missing " + ", ".join("{{" + v + "}}" for v in missing)
+    if extra:
+        return "unknown " + ", ".join("{{" + v[:40] + "}}" for v in extra)
+    return None
+
+
 def _compile_langfuse(
     prompt: PromptClient, previous_summary: str, conversation: str
 ) -> list[ChatMessage] | None:
     variables = {"previous_summary": previous_summary, "conversation": conversation}
-    if "conversation" not in prompt.variables:
-        log.warning("langfuse prompt %s lacks {{conversation}}; using built-in", prompt.name)
+    problem = _variables_problem(prompt)
+    if problem is not None:
+        PROMPT_REFUSED.labels(problem.split(" ", 1)[0]).inc()
+        log.warning(
+            "langfuse prompt %s v%s refused (%s); using the built-in prompt",
+            prompt.name,
+            prompt.version,
+            problem,
+        )
         return None
     if isinstance(prompt, TextPromptClient):
         return [{"role": "user", "content": prompt.compile(**variables)}]

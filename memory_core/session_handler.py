@@ -32,6 +32,7 @@ from memory_core.fold_publisher import publish_fold
 from memory_core.logs import describe_error, get_logger
 from memory_core.metrics import FINALIZE
 from memory_core.models import ConversationThread, SeqClaim, ThreadMessage
+from memory_core.settings import SettingsError
 from memory_core.snapshot import (
     DashboardIn,
     SnapshotTooLarge,
@@ -142,6 +143,8 @@ def save_session_to_thread_safe(
     except Exception as exc:  # nothing was committed: the agent or Celery retries
         kind = "postgres" if isinstance(exc, SQLAlchemyError | OSError) else "error"
         error = describe_db_error(exc) if kind == "postgres" else describe_error(exc)
+        if isinstance(exc, SettingsError):  # its message names variables, never content
+            kind, error = "settings", str(exc)
         log.error("memory.finalize_failed", error=error, thread_id=tid, session_id=sid)
         FINALIZE.labels("failed").inc()
         return SaveOutcome("failed", tid, sid, reason=f"{kind}: {error}", retryable=True)

@@ -1,17 +1,35 @@
-"""One settings object for the whole system, read from the environment (and `.env`)."""
+"""One settings object for the whole system, read from the environment (and `.env`).
+
+Settings that cannot work are refused up front, with one line naming the variable
+(`SettingsError`): an infinite TTL, recent turns not below the threshold, a URL of the wrong
+kind. The CLI and the workers check them before doing anything else (a worker with
+impossible settings never takes a job); a host embedding the library should call
+`get_settings()` at startup for the same effect (a save with bad settings answers `failed`).
+"""
 
 from __future__ import annotations
 
 from functools import lru_cache
+from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+REDIS_SCHEMES = ("redis", "rediss", "unix")
+BROKER_SCHEMES = ("redis", "rediss", "sentinel", "amqp", "amqps", "pyamqp", "memory")
+_HUNDRED_YEARS_H = 24 * 365 * 100
+
+
+class SettingsError(ValueError):
+    """Settings that cannot work; the message names the environment variable."""
 
 
 class Settings(BaseSettings):
     """Environment-driven configuration; names are fixed by ARCHITECTURE.md."""
 
-    model_config = SettingsConfigDict(env_file=".env", extra="ignore", case_sensitive=False)
+    model_config = SettingsConfigDict(
+        env_file=".env", extra="ignore", case_sensitive=False, allow_inf_nan=False
+    )
 
     database_url: str = "postgresql://postgres@127.0.0.1:5432/agent_memory"
     redis_url: str = "redis://127.0.0.1:6379/0"
@@ -21,16 +39,16 @@ class Settings(BaseSettings):
     openai_base_url: str | None = None
     openai_api_key: str | None = None
     memory_summarizer_model: str = "gpt-4o-mini"
-    memory_llm_timeout_s: float = 60.0
+    memory_llm_timeout_s: float = Field(default=60.0, gt=0)
 
     langfuse_public_key: str | None = None
     langfuse_secret_key: str | None = None
     langfuse_base_url: str | None = None
-    langfuse_prompt_timeout_s: float = 3.0
-    langfuse_prompt_cache_ttl_s: int = 300
+    langfuse_prompt_timeout_s: float = Field(default=3.0, gt=0)
+    langfuse_prompt_cache_ttl_s: int = Field(default=300, ge=0)
 
     # The seed's constructor defaults of RedisConversationMemory, promoted to settings.
-    memory_ttl_hours: float = Field(default=24, gt=0)
+    memory_ttl_hours: float = Field(default=24, gt=0, le=_HUNDRED_YEARS_H)
     memory_max_recent_messages: int = Field(default=10, ge=1)
     memory_compression_threshold: int = Field(default=20, ge=2)
     memory_key_prefix: str = Field(default="chat_conversation", min_length=1)
@@ -73,15 +91,33 @@ class Settings(BaseSettings):
                 return "postgresql+psycopg2://" + v[len(prefix) :]
         return v
 
+    @field_validator("memory_key_prefix")
+    @classmethod
+    def _no_hash_tag(cls, v: str) -> str:
+        # The thread id is the hash tag ({...}) that keeps a thread's keys in one slot.
+        if "{" in v or "}" in v or any(c.isspace() for c in v):
+            raise ValueError("must not contain braces or whitespace")
+        return v
+
     @model_validator(mode="after")
     def _defaults(self) -> Settings:
         if not self.celery_broker_url:
             self.celery_broker_url = self.redis_url
+        threshold = self.memory_compression_threshold
         cap = self.memory_max_unfolded_messages
-        if cap is not None and cap < 2 * self.memory_compression_threshold:
+        if cap is not None and cap < 2 * threshold:
             raise ValueError(
                 "MEMORY_MAX_UNFOLDED_MESSAGES must be at least 2 x MEMORY_COMPRESSION_THRESHOLD"
             )
+        if self.memory_max_recent_messages >= threshold:
+            raise ValueError(
+                f"MEMORY_MAX_RECENT_MESSAGES ({self.memory_max_recent_messages}) must be below "
+                f"MEMORY_COMPRESSION_THRESHOLD ({threshold})"
+            )
+        _check_scheme("REDIS_URL", self.redis_url, REDIS_SCHEMES)
+        _check_scheme("CELERY_BROKER_URL", self.celery_broker_url, BROKER_SCHEMES)
+        if not self.database_url.startswith("postgresql"):
+            raise ValueError("DATABASE_URL must be a postgresql:// URL")
         return self
 
     @property
@@ -93,9 +129,32 @@ class Settings(BaseSettings):
         return bool(self.langfuse_public_key and self.langfuse_secret_key)
 
 
+def _check_scheme(name: str, url: str, schemes: tuple[str, ...]) -> None:
+    scheme = urlsplit(url).scheme
+    if scheme not in schemes:
+        raise ValueError(f"{name} must be a {'/'.join(schemes)} URL, not {scheme or 'empty'}://")
+
+
+def load_settings() -> Settings:
+    """`Settings()`, or `SettingsError` in one line naming the variable and the problem."""
+    try:
+        return Settings()
+    except ValidationError as exc:
+        raise SettingsError(describe_settings_error(exc)) from None
+
+
+def describe_settings_error(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors(include_url=False, include_input=False, include_context=False):
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        name = str(err["loc"][0]).upper() if err["loc"] else ""
+        parts.append(f"{name} {msg[:1].lower()}{msg[1:]}" if name else msg)
+    return "invalid settings: " + "; ".join(parts)
+
+
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
-    return Settings()
+    return load_settings()
 
 
 def reset_settings_cache() -> None:

@@ -247,6 +247,41 @@ def test_langfuse_prompt_without_conversation_variable_is_not_used(
     assert result.prompt == "builtin:v1"
 
 
+@pytest.mark.parametrize(
+    ("template", "reason"),
+    [
+        ("Summarize these turns:\n{{conversation}}", "missing"),  # would erase the summary
+        ("Keep the memory:\n{{previous_summary}}", "missing"),
+        ("{{previous_summary}}\n{{conversation}}\nTenant: {{tenant}}", "unknown"),
+    ],
+    ids=["no-previous_summary", "no-conversation", "unfilled-tenant"],
+)
+def test_a_managed_prompt_with_the_wrong_variables_is_refused(
+    llm: FakeLLMServer, public_key: str, template: str, reason: str
+) -> None:
+    from memory_core.metrics import PROMPT_REFUSED
+
+    before = PROMPT_REFUSED.labels(reason)._value.get()
+    with FakeLangfuseServer(prompt_type="text") as lf:
+        lf.prompt_payload = lambda name: {  # type: ignore[method-assign]
+            "type": "text",
+            "name": name,
+            "version": 4,
+            "prompt": template,
+            "config": {},
+            "labels": ["production"],
+            "tags": [],
+        }
+        result = summarize(
+            ConversationSummarizer(lf_settings(llm, public_key, lf.base_url)),
+            previous="Earlier: revenue excludes refunds.",
+        )
+    assert result.prompt == "builtin:v1"
+    assert PROMPT_REFUSED.labels(reason)._value.get() == before + 1
+    # The built-in prompt carries the running summary into the call.
+    assert "Earlier: revenue excludes refunds." in llm.prompt_text()
+
+
 # ------------------------------------------------------------------------- the LLM call
 
 

@@ -18,6 +18,7 @@ Reliability settings and why:
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 from celery import Celery
@@ -28,7 +29,7 @@ from kombu import Queue
 from memory_core.fold_publisher import FINALIZE_QUEUE, FINALIZE_TASK, FOLD_QUEUE, FOLD_TASK
 from memory_core.logs import get_logger
 from memory_core.metrics import serve_worker_metrics
-from memory_core.settings import get_settings
+from memory_core.settings import SettingsError, get_settings
 from workers.broker import use_atomic_take
 from workers.logging import configure_logging
 
@@ -152,5 +153,15 @@ def _json_logs(loglevel: Any = None, **_: Any) -> None:
     configure_logging(loglevel)
 
 
+def _settings_or_exit() -> None:
+    """A worker with settings that cannot work must not take a single job: one line, exit 2."""
+    try:
+        get_settings()
+    except SettingsError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        raise SystemExit(2) from None
+
+
+_settings_or_exit()
 use_atomic_take()
 app = make_app()

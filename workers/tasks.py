@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import inspect
 import random
 import uuid
 from typing import Any, NoReturn
 
 from celery import Task
-from celery.exceptions import Reject
+from celery.exceptions import Ignore, Reject, Retry
 
 from memory_core.conversation_memory import RedisConversationMemory
 from memory_core.db import describe_db_error
@@ -20,6 +21,7 @@ from memory_core.events import (
 from memory_core.fold_publisher import FINALIZE_TASK, FOLD_TASK, publish_fold
 from memory_core.folding import POSTGRES_DOWN, Folder, backoff_delay
 from memory_core.logs import describe_error, get_logger
+from memory_core.metrics import TASK_UNEXPECTED
 from memory_core.session_handler import SaveOutcome, save_session_to_thread_safe
 from memory_core.summarizer import ConversationSummarizer
 from workers.app import FINALIZE_HARD_LIMIT_S, FINALIZE_SOFT_LIMIT_S, app, fold_limits
@@ -33,12 +35,42 @@ class MemoryTask(Task):
     The core commits Postgres before touching Redis or the LLM (durability first), so a task
     runs several short transactions rather than one: `memory.session_factory` commits on
     return and rolls back on error.
+
+    A job ends in exactly one of: done (its turn landed, its fold ran or had nothing to do),
+    rejected for bad input (an event), or still in the broker. Celery acks a task that
+    raises; so no exception leaves a task: one nothing else handled is logged and counted and
+    the job retried with backoff (`__call__`); a retry that cannot be published goes back to
+    the queue (`retry_or_requeue`); a hard time limit requeues (`acks_on_timeout = False`).
     """
 
     acks_late = True
     reject_on_worker_lost = True
+    acks_on_timeout = False
     _memory: RedisConversationMemory | None = None
     _folder: Folder | None = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            self._signature().bind(*args, **kwargs)
+        except TypeError:  # a job of the wrong shape: bad input, final
+            log.warning("memory.job_rejected", task=self.name, reason="wrong arguments")
+            raise Reject("wrong arguments", requeue=False) from None
+        try:
+            return super().__call__(*args, **kwargs)
+        except (Retry, Reject, Ignore):
+            raise
+        except Exception as exc:  # an exit nothing else handled: back to the queue, later
+            error = describe_error(exc)
+            log.error("memory.task_unexpected_error", error=error)
+            TASK_UNEXPECTED.labels(self.name).inc()
+            delay = finalize_retry_delay(self.request.retries, 60)
+            retry_or_requeue(self, countdown=delay, exc=RuntimeError(error))
+
+    def _signature(self) -> inspect.Signature:
+        sig = self.__dict__.get("_sig")
+        if sig is None:
+            sig = self.__dict__["_sig"] = inspect.signature(self.run)
+        return sig
 
     @property
     def memory(self) -> RedisConversationMemory:
@@ -51,6 +83,20 @@ class MemoryTask(Task):
         if MemoryTask._folder is None:
             MemoryTask._folder = Folder(self.memory, ConversationSummarizer())
         return MemoryTask._folder
+
+
+def retry_or_requeue(task: Task, *, countdown: float, exc: Exception) -> NoReturn:
+    """`task.retry`, except that a retry Celery could not publish (broker trouble) puts the
+    job back on its queue instead of dropping it (Celery rejects it without requeue)."""
+    try:
+        raise task.retry(countdown=countdown, exc=exc)
+    except Reject as failed:
+        if failed.requeue:
+            raise
+        reason = failed.reason
+        error = describe_error(reason) if isinstance(reason, BaseException) else str(reason)
+        log.warning("memory.retry_not_published", error=error)
+        raise Reject(error, requeue=True) from None
 
 
 def finalize_retry_delay(retries: int, cap_s: int) -> float:
@@ -92,7 +138,7 @@ def finalize_turn(self: MemoryTask, snapshot: Any) -> dict[str, Any]:
             self.request.retries, self.memory.settings.memory_finalize_retry_cap_s
         )
         log.warning("memory.finalize_retry", retry_in_s=round(delay, 1), reason=outcome.reason)
-        raise self.retry(countdown=delay, exc=RuntimeError(outcome.reason))
+        retry_or_requeue(self, countdown=delay, exc=RuntimeError(outcome.reason))
     return {"status": outcome.status, "seq": outcome.seq, "cache": outcome.cache}
 
 
@@ -135,16 +181,20 @@ def fold_thread(self: MemoryTask, thread_id: Any) -> dict[str, Any]:
             self.request.retries, self.memory.settings.memory_finalize_retry_cap_s
         )
         log.warning("memory.fold_retry", retry_in_s=round(delay, 1), reason=describe_db_error(exc))
-        raise self.retry(countdown=delay, exc=exc) from exc
+        retry_or_requeue(self, countdown=delay, exc=RuntimeError(describe_db_error(exc)))
     except Exception as exc:  # before the lease (after it, Folder counts an attempt)
         delay = backoff_delay(self.request.retries + 1)
         error = describe_error(exc)
         _fold_failed_event(self, tid, "", self.request.retries + 1, error, retry_in_s=delay)
-        raise self.retry(countdown=delay, exc=RuntimeError(describe_error(exc))) from exc
+        retry_or_requeue(self, countdown=delay, exc=RuntimeError(error))
     if outcome.status == "busy":
         # Another fold holds the lease. If its worker died, the lease lapses: check again then
         # (a no-op if the holder finished), so a killed fold is never silently dropped.
-        raise self.retry(countdown=self.memory.settings.memory_fold_lease_s + 1)
+        retry_or_requeue(
+            self,
+            countdown=self.memory.settings.memory_fold_lease_s + 1,
+            exc=RuntimeError("another fold holds the lease"),
+        )
     if outcome.status == "failed":
         _fold_failed_event(
             self,
@@ -154,7 +204,7 @@ def fold_thread(self: MemoryTask, thread_id: Any) -> dict[str, Any]:
             outcome.error or "",
             retry_in_s=outcome.retry_in_s,
         )
-        raise self.retry(countdown=outcome.retry_in_s, exc=RuntimeError(outcome.error))
+        retry_or_requeue(self, countdown=outcome.retry_in_s or 60, exc=RuntimeError(outcome.error))
     if outcome.status == "folded":
         extra: dict[str, Any] = {"fallback": outcome.fallback} if outcome.fallback else {}
         emit_event(

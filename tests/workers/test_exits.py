@@ -1,0 +1,213 @@
+"""Every exit of a job, on a real worker: a turn lands, is rejected for bad input, or stays in
+the broker. Nothing is acked that was not processed.
+
+* a finalize that waits 45 s on a row lock (past its 30 s soft time limit) still lands once;
+* a worker whose settings cannot work refuses to start and takes no job;
+* a fold through a managed prompt that lacks `{{previous_summary}}` keeps the running summary.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from typing import Any
+
+import pytest
+import redis
+from sqlalchemy import create_engine, select, text
+from sqlalchemy.engine import make_url
+
+from memory_core.db import session_scope
+from memory_core.events import EventConsumer
+from memory_core.models import ConversationThread, ThreadMessage
+from memory_core.settings import get_settings
+from tests.conftest import make_snapshot
+from tests.fakes import FakeLangfuseServer
+from tests.fakes.llm_server import FakeLLMServer
+from tests.support.faults import RowLock
+from tests.workers.harness import REPO, send_finalize, send_fold, wait_for
+
+
+def _seqs(tid: uuid.UUID) -> list[int]:
+    with session_scope() as s:
+        return list(
+            s.scalars(
+                select(ThreadMessage.seq)
+                .where(ThreadMessage.thread_id == tid)
+                .order_by(ThreadMessage.seq)
+            )
+        )
+
+
+@pytest.mark.timeout(240)
+def test_a_finalize_held_45s_by_a_row_lock_still_lands_once(start_worker, agent) -> None:  # type: ignore[no-untyped-def]
+    w = start_worker()
+    tid = uuid.uuid4()
+    send_finalize(agent, make_snapshot(tid, 1))
+    wait_for(lambda: _seqs(tid) == [1], 30, "turn 1", w.log)
+    lock = RowLock(get_settings().database_url)
+    try:
+        assert lock.hold(tid)  # a long transaction, a blocked migration, a pooler pause
+        send_finalize(agent, make_snapshot(tid, 2))
+        wait_for(lambda: w.log().count("] received") >= 2, 30, "turn 2 taken", w.log)
+        time.sleep(45)  # past the finalize soft time limit (30 s)
+        assert _seqs(tid) == [1]
+    finally:
+        lock.close()
+    wait_for(lambda: _seqs(tid) == [1, 2], 90, "turn 2 after the lock", w.log)
+    time.sleep(2)
+    assert _seqs(tid) == [1, 2]
+    assert w.alive()
+
+
+def _celery_worker(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "celery", "-A", "workers.app", "worker", "-c", "1", "-P", "solo"]
+    return subprocess.run(
+        argv,
+        cwd=REPO,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"MEMORY_MAX_RECENT_MESSAGES": "20"}, "MEMORY_MAX_RECENT_MESSAGES"),
+        ({"MEMORY_TTL_HOURS": "inf"}, "MEMORY_TTL_HOURS"),
+        ({"MEMORY_COMPRESSION_THRESHOLD": "1"}, "MEMORY_COMPRESSION_THRESHOLD"),
+        ({"REDIS_URL": "http://127.0.0.1:6379/0"}, "REDIS_URL"),
+    ],
+    ids=["recent-not-below-threshold", "infinite-ttl", "threshold-1", "redis-url"],
+)
+def test_a_worker_with_impossible_settings_refuses_to_start(
+    agent, env: dict[str, str], named: str
+) -> None:  # type: ignore[no-untyped-def]
+    broker = redis.Redis.from_url(agent.conf.broker_url)
+    broker.delete("memory.finalize")
+    send_finalize(agent, make_snapshot(uuid.uuid4(), 1))
+    done = _celery_worker(env)
+    lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert (
+        len(lines) == 1 and lines[0].startswith("error: invalid settings: ") and named in lines[0]
+    )
+    assert broker.llen("memory.finalize") == 1, "the job must stay in the broker"
+    broker.delete("memory.finalize")
+    cli = subprocess.run(
+        [sys.executable, "-m", "memory_core.cli", "worker"],
+        cwd=REPO,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert cli.returncode == 1 and cli.stderr.strip().startswith("error: invalid settings:")
+    assert named in cli.stderr
+
+
+@pytest.mark.timeout(240)
+def test_a_prompt_without_previous_summary_never_erases_the_summary(
+    start_worker, agent, llm: FakeLLMServer
+) -> None:  # type: ignore[no-untyped-def]
+    with FakeLangfuseServer(prompt_type="text") as lf:
+        lf.prompt_payload = lambda name: {  # type: ignore[method-assign]
+            "type": "text",
+            "name": name,
+            "version": 5,
+            "prompt": "Summarize these turns:\n{{conversation}}",
+            "config": {},
+            "labels": ["production"],
+            "tags": [],
+        }
+        w = start_worker(
+            env={
+                "LANGFUSE_PUBLIC_KEY": f"pk-lf-{uuid.uuid4().hex[:8]}",
+                "LANGFUSE_SECRET_KEY": "sk-lf-test",
+                "LANGFUSE_BASE_URL": lf.base_url,
+            }
+        )
+        tid = uuid.uuid4()
+
+        def folded_through(seq: int) -> bool:
+            with session_scope() as s:
+                t = s.get(ConversationThread, tid)
+                return t is not None and t.summary_through_seq == seq
+
+        for n in range(1, 22):
+            send_finalize(agent, make_snapshot(tid, n))
+        wait_for(lambda: folded_through(11), 60, "the first fold", w.log)
+        for n in range(22, 33):
+            send_finalize(agent, make_snapshot(tid, n))
+        wait_for(lambda: folded_through(22), 60, "the second fold", w.log)
+    assert "langfuse prompt conversation_summarizer v5 refused" in w.log()
+    with session_scope() as s:
+        thread = s.get(ConversationThread, tid)
+        assert thread is not None and thread.summary_prompt == "builtin:v1"
+    # The second fold was given the first fold's summary: nothing folded before is lost.
+    assert llm.calls == 2
+    assert "<previous_summary>\nRunning summary of the analysis." in llm.prompt_text(1)
+
+
+def _events(r: redis.Redis, stream: str) -> list[Any]:
+    consumer = EventConsumer(r, "exits", "c1", stream=stream)
+    consumer.ensure_group()
+    got = consumer.read(count=100)
+    consumer.ack(*(e.id for e in got))
+    return got
+
+
+@pytest.fixture
+def read_only_role() -> Any:
+    """A Postgres role that can read memory's tables but write nothing (until granted)."""
+    url = make_url(get_settings().database_url)
+    role = f"am_ro_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.execute(text(f"CREATE ROLE {role} LOGIN"))
+        c.execute(text(f"GRANT USAGE ON SCHEMA public TO {role}"))
+        c.execute(text(f"GRANT SELECT ON conversation_threads, thread_messages TO {role}"))
+
+    def grant() -> None:
+        with admin.connect() as c:
+            c.execute(text(f"GRANT INSERT, UPDATE ON conversation_threads TO {role}"))
+            c.execute(text(f"GRANT INSERT ON thread_messages TO {role}"))
+            c.execute(text(f"GRANT INSERT ON memory_settings_seen TO {role}"))
+
+    yield url.set(username=role).render_as_string(hide_password=False), grant
+    with admin.connect() as c:
+        c.execute(
+            text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = :r"),
+            {"r": role},
+        )
+        c.execute(text(f"DROP OWNED BY {role}"))
+        c.execute(text(f"DROP ROLE {role}"))
+    admin.dispose()
+
+
+@pytest.mark.timeout(240)
+def test_a_worker_that_cannot_write_never_acks_a_job(
+    start_worker, agent, redis_client, events_stream: str, read_only_role: Any
+) -> None:  # type: ignore[no-untyped-def]
+    url, grant = read_only_role
+    tid = uuid.uuid4()
+    w = start_worker(env={"DATABASE_URL": url})
+    snap = make_snapshot(tid, 1)
+    send_finalize(agent, snap)
+    send_fold(agent, str(tid))
+    # Neither job can do its work: both are retried, the fold with a failure event.
+    wait_for(lambda: w.log().count('"memory.finalize_retry"') >= 2, 60, "finalize retries", w.log)
+    events = wait_for(lambda: _events(redis_client, events_stream), 60, "a fold event", w.log)
+    assert events[0].event == "memory_summarization_failed"
+    assert events[0].error.startswith("ProgrammingError")
+    assert _seqs(tid) == []
+    grant()
+    wait_for(lambda: _seqs(tid) == [1], 60, "the turn once writes are allowed", w.log)
+    assert w.alive()
