@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from functools import partial
 from typing import Any
@@ -44,14 +44,18 @@ def _turn(tid: uuid.UUID, n: int, answer: str, sql: str) -> dict[str, Any]:
     }
 
 
-def _median_ms(call: Callable[[], Any], reps: int) -> float:
-    times = []
+def _paired_medians_ms(
+    a: Callable[[], Any], b: Callable[[], Any], reps: int
+) -> tuple[float, float]:
+    """Median ms of `a` and of `b`, calls interleaved so that drift hits both alike."""
+    times: tuple[list[float], list[float]] = ([], [])
     for _ in range(reps):
-        started = time.perf_counter()
-        with contextlib.suppress(ThreadNotFound):
-            call()
-        times.append((time.perf_counter() - started) * 1000)
-    return statistics.median(times)
+        for call, out in ((a, times[0]), (b, times[1])):
+            started = time.perf_counter()
+            with contextlib.suppress(ThreadNotFound):
+                call()
+            out.append((time.perf_counter() - started) * 1000)
+    return statistics.median(times[0]), statistics.median(times[1])
 
 
 def bench_access(
@@ -59,7 +63,7 @@ def bench_access(
 ) -> dict[str, float]:
     """Median time to refuse a stranger vs to answer for an unknown thread, small/large copy."""
     client = make_redis(settings.redis_url)
-    memory = RedisConversationMemory(client, settings=settings, key_prefix="bench_access")
+    memory = RedisConversationMemory(client, settings=settings)
     figures: dict[str, float] = {}
     out("$ agent-memory bench access")
     out(f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC · {reps} reads per figure, medians")
@@ -67,14 +71,20 @@ def bench_access(
     out("| copy | bytes shipped to the owner | stranger refused, ms | unknown thread, ms | ratio |")
     out("|---|--:|--:|--:|--:|")
     try:
-        for label, turns, answer in (("small", 3, "EMEA leads."), ("large", 40, "x " * 5000)):
+        for label, turns, answer in (("small", 3, "EMEA leads."), ("large", 40, "x " * 25_000)):
             tid = uuid.uuid4()
             for n in range(1, turns + 1):
                 save_session_to_thread_safe(_turn(tid, n, answer, "SELECT 1"), memory=memory)
             memory.get_context(tid, OWNER)  # cached
             size = sum(map(len, memory.copy.read(tid)[1]))
-            stranger = _median_ms(partial(memory.get_context, tid, "mallory"), reps)
-            unknown = _median_ms(lambda: memory.get_context(uuid.uuid4(), "mallory"), reps)
+            unknown_ids = iter([uuid.uuid4() for _ in range(reps)])
+            # Another replica's reads: no parsed copy of this thread in its process.
+            reader = RedisConversationMemory(client, settings=settings, local_cache_size=0)
+            stranger, unknown = _paired_medians_ms(
+                partial(reader.get_context, tid, "mallory"),
+                partial(_read_next, reader, unknown_ids),
+                reps,
+            )
             ratio = max(stranger, unknown) / min(stranger, unknown)
             figures |= {f"{label}.stranger_ms": stranger, f"{label}.unknown_ms": unknown}
             figures[f"{label}.ratio"] = ratio
@@ -85,6 +95,10 @@ def bench_access(
     finally:
         client.close()
     return figures
+
+
+def _read_next(memory: RedisConversationMemory, ids: Iterator[uuid.UUID]) -> Any:
+    return memory.get_context(next(ids), "mallory")
 
 
 _CHILD = "memory_core.bench_guest"
@@ -143,9 +157,7 @@ def _child(settings_json: str, turns: int) -> None:
         }
     )
     client = make_redis(s.redis_url)
-    memory = RedisConversationMemory(
-        client, settings=s, engine=get_engine(s.database_url), key_prefix="bench_rss"
-    )
+    memory = RedisConversationMemory(client, settings=s, engine=get_engine(s.database_url))
     folder = Folder(memory, ConversationSummarizer(s))
     figures: dict[str, float] = {}
     tid = uuid.uuid4()

@@ -14,8 +14,7 @@ from typing import Any
 
 import pytest
 import redis
-from sqlalchemy import create_engine, select, text
-from sqlalchemy.engine import make_url
+from sqlalchemy import create_engine, select
 
 from memory_core import (
     RedisConversationMemory,
@@ -32,7 +31,7 @@ from memory_core.summarizer import ConversationSummarizer
 from memory_core.tokens import count_tokens
 from tests.conftest import make_snapshot
 from tests.fakes.llm_server import FakeLLMServer
-from tests.support.faults import FaultyRedis
+from tests.support.faults import FaultyRedis, postgres_role
 
 OWNER = "user-42"
 
@@ -172,26 +171,14 @@ def test_every_key_keeps_a_ttl_when_a_write_fails_half_way(
 
 @pytest.fixture
 def no_select_role() -> Iterator[str]:
-    """A Postgres role that may write turns but not read their text back (a revoked grant)."""
-    url = make_url(get_settings().database_url)
-    role = f"am_nosel_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as c:
-        c.execute(text(f"CREATE ROLE {role} LOGIN"))
-        c.execute(text(f"GRANT USAGE ON SCHEMA public TO {role}"))
-        c.execute(text(f"GRANT SELECT, INSERT, UPDATE ON conversation_threads TO {role}"))
-        c.execute(text(f"GRANT INSERT ON thread_messages TO {role}"))
-        columns = "id, thread_id, seq, session_id"
-        c.execute(text(f"GRANT SELECT ({columns}) ON thread_messages TO {role}"))
-    yield url.set(username=role).render_as_string(hide_password=False)
-    with admin.connect() as c:
-        c.execute(
-            text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = :r"),
-            {"r": role},
-        )
-        c.execute(text(f"DROP OWNED BY {role}"))
-        c.execute(text(f"DROP ROLE {role}"))
-    admin.dispose()
+    """A role that may write turns but not read their text back (a revoked grant)."""
+    grants = [
+        "SELECT, INSERT, UPDATE ON conversation_threads",
+        "INSERT ON thread_messages",
+        "SELECT (id, thread_id, seq, session_id) ON thread_messages",
+    ]
+    with postgres_role(get_settings().database_url, grants) as (url, _):
+        yield url
 
 
 def test_a_postgres_error_in_the_rebuild_after_commit_is_not_raised(

@@ -12,9 +12,6 @@ from __future__ import annotations
 import ast
 import json
 import logging
-import os
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -33,6 +30,7 @@ from memory_core.tokens import CACHE_MAX_BYTES, count_cache, count_tokens
 from tests.conftest import make_snapshot
 from tests.fakes.llm_server import FakeLLMServer
 from tests.support.faults import RowLock, engine_with_lock_timeout
+from tests.workers.harness import run_python
 
 REPO = Path(__file__).resolve().parents[1]
 MARKER = "ZQXMARKER"
@@ -211,15 +209,7 @@ def test_saving_a_turn_prints_nothing_but_what_the_host_prints(redis_url: str) -
     if redis_url == "down":  # warnings are logged, and still nothing is printed
         env["REDIS_URL"] = "redis://127.0.0.1:1/0"
     snap = make_snapshot(uuid.uuid4(), 1)
-    done = subprocess.run(
-        [sys.executable, "-c", _SCRIPT, json.dumps(snap)],
-        cwd=REPO,
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = run_python("-c", _SCRIPT, json.dumps(snap), env=env)
     assert (done.returncode, done.stdout, done.stderr) == (0, "1\n", "")
 
 

@@ -234,15 +234,7 @@ def test_langfuse_prompt_without_conversation_variable_is_not_used(
     llm: FakeLLMServer, public_key: str
 ) -> None:
     with FakeLangfuseServer(prompt_type="text") as lf:
-        lf.prompt_payload = lambda name: {  # type: ignore[method-assign]
-            "type": "text",
-            "name": name,
-            "version": 2,
-            "prompt": "Summarize.",
-            "config": {},
-            "labels": ["production"],
-            "tags": [],
-        }
+        lf.serve_text_prompt("Summarize.", version=2)
         result = summarize(ConversationSummarizer(lf_settings(llm, public_key, lf.base_url)))
     assert result.prompt == "builtin:v1"
 
@@ -263,15 +255,7 @@ def test_a_managed_prompt_with_the_wrong_variables_is_refused(
 
     before = PROMPT_REFUSED.labels(reason)._value.get()
     with FakeLangfuseServer(prompt_type="text") as lf:
-        lf.prompt_payload = lambda name: {  # type: ignore[method-assign]
-            "type": "text",
-            "name": name,
-            "version": 4,
-            "prompt": template,
-            "config": {},
-            "labels": ["production"],
-            "tags": [],
-        }
+        lf.serve_text_prompt(template, version=4)
         result = summarize(
             ConversationSummarizer(lf_settings(llm, public_key, lf.base_url)),
             previous="Earlier: revenue excludes refunds.",

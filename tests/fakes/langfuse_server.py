@@ -184,6 +184,22 @@ class FakeLangfuseServer:
         with self.lock:
             self.mode = mode
 
+    def serve_text_prompt(self, template: str, version: int) -> None:
+        """Serve `template` (a text prompt, as written in the Langfuse UI) from now on."""
+
+        def payload(name: str) -> dict[str, Any]:
+            return {
+                "type": "text",
+                "name": name,
+                "version": version,
+                "prompt": template,
+                "config": {},
+                "labels": ["production"],
+                "tags": [],
+            }
+
+        self.prompt_payload = payload  # type: ignore[method-assign]
+
     def prompt_payload(self, name: str) -> dict[str, Any]:
         prompt: Any = TEXT_TEMPLATE if self.prompt_type == "text" else CHAT_TEMPLATE
         return {

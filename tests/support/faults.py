@@ -15,10 +15,12 @@ from __future__ import annotations
 import contextlib
 import signal
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import redis
 from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.engine import make_url
 
 from tests.fakes.langfuse_server import closed_port
 from tests.reliability.services import PrivateRedis
@@ -122,4 +124,39 @@ def terminate_backends(database_url: str, app_name: str) -> int:
                 ).all()
             )
     finally:
+        admin.dispose()
+
+
+@contextlib.contextmanager
+def postgres_role(
+    database_url: str, grants: list[str]
+) -> Iterator[tuple[str, Callable[[str], None]]]:
+    """A login role with only `grants` (e.g. "SELECT ON thread_messages"): a revoked grant.
+
+    Yields its URL and a function granting more while the test runs. The role is dropped
+    (its sessions terminated) afterwards; roles are cluster-wide, so the name is unique.
+    """
+    url = make_url(database_url)
+    role = f"am_role_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(url, isolation_level="AUTOCOMMIT")
+
+    def grant(what: str) -> None:
+        with admin.connect() as c:
+            c.execute(text(f"GRANT {what} TO {role}"))
+
+    with admin.connect() as c:
+        c.execute(text(f"CREATE ROLE {role} LOGIN"))
+    try:
+        grant("USAGE ON SCHEMA public")
+        for what in grants:
+            grant(what)
+        yield url.set(username=role).render_as_string(hide_password=False), grant
+    finally:
+        with admin.connect() as c:
+            c.execute(
+                text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = :r"),
+                {"r": role},
+            )
+            c.execute(text(f"DROP OWNED BY {role}"))
+            c.execute(text(f"DROP ROLE {role}"))
         admin.dispose()

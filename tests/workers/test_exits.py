@@ -8,38 +8,23 @@ the broker. Nothing is acked that was not processed.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import redis
-from sqlalchemy import create_engine, select, text
-from sqlalchemy.engine import make_url
 
 from memory_core.db import session_scope
-from memory_core.events import EventConsumer
-from memory_core.models import ConversationThread, ThreadMessage
+from memory_core.models import ConversationThread
 from memory_core.settings import get_settings
 from tests.conftest import make_snapshot
 from tests.fakes import FakeLangfuseServer
 from tests.fakes.llm_server import FakeLLMServer
-from tests.support.faults import RowLock
-from tests.workers.harness import REPO, send_finalize, send_fold, wait_for
-
-
-def _seqs(tid: uuid.UUID) -> list[int]:
-    with session_scope() as s:
-        return list(
-            s.scalars(
-                select(ThreadMessage.seq)
-                .where(ThreadMessage.thread_id == tid)
-                .order_by(ThreadMessage.seq)
-            )
-        )
+from tests.support.faults import RowLock, postgres_role
+from tests.support.state import drain_events, stored_seqs
+from tests.workers.harness import run_module, send_finalize, send_fold, wait_for
 
 
 @pytest.mark.timeout(240)
@@ -47,33 +32,20 @@ def test_a_finalize_held_45s_by_a_row_lock_still_lands_once(start_worker, agent)
     w = start_worker()
     tid = uuid.uuid4()
     send_finalize(agent, make_snapshot(tid, 1))
-    wait_for(lambda: _seqs(tid) == [1], 30, "turn 1", w.log)
+    wait_for(lambda: stored_seqs(tid) == [1], 30, "turn 1", w.log)
     lock = RowLock(get_settings().database_url)
     try:
         assert lock.hold(tid)  # a long transaction, a blocked migration, a pooler pause
         send_finalize(agent, make_snapshot(tid, 2))
         wait_for(lambda: w.log().count("] received") >= 2, 30, "turn 2 taken", w.log)
         time.sleep(45)  # past the finalize soft time limit (30 s)
-        assert _seqs(tid) == [1]
+        assert stored_seqs(tid) == [1]
     finally:
         lock.close()
-    wait_for(lambda: _seqs(tid) == [1, 2], 90, "turn 2 after the lock", w.log)
+    wait_for(lambda: stored_seqs(tid) == [1, 2], 90, "turn 2 after the lock", w.log)
     time.sleep(2)
-    assert _seqs(tid) == [1, 2]
+    assert stored_seqs(tid) == [1, 2]
     assert w.alive()
-
-
-def _celery_worker(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    argv = [sys.executable, "-m", "celery", "-A", "workers.app", "worker", "-c", "1", "-P", "solo"]
-    return subprocess.run(
-        argv,
-        cwd=REPO,
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 @pytest.mark.parametrize(
@@ -92,7 +64,7 @@ def test_a_worker_with_impossible_settings_refuses_to_start(
     broker = redis.Redis.from_url(agent.conf.broker_url)
     broker.delete("memory.finalize")
     send_finalize(agent, make_snapshot(uuid.uuid4(), 1))
-    done = _celery_worker(env)
+    done = run_module("celery", "-A", "workers.app", "worker", "-c", "1", "-P", "solo", env=env)
     lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
     assert done.returncode == 2, done.stderr[-2000:]
     assert (
@@ -100,15 +72,7 @@ def test_a_worker_with_impossible_settings_refuses_to_start(
     )
     assert broker.llen("memory.finalize") == 1, "the job must stay in the broker"
     broker.delete("memory.finalize")
-    cli = subprocess.run(
-        [sys.executable, "-m", "memory_core.cli", "worker"],
-        cwd=REPO,
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    cli = run_module("memory_core.cli", "worker", env=env)
     assert cli.returncode == 1 and cli.stderr.strip().startswith("error: invalid settings:")
     assert named in cli.stderr
 
@@ -118,15 +82,7 @@ def test_a_prompt_without_previous_summary_never_erases_the_summary(
     start_worker, agent, llm: FakeLLMServer
 ) -> None:  # type: ignore[no-untyped-def]
     with FakeLangfuseServer(prompt_type="text") as lf:
-        lf.prompt_payload = lambda name: {  # type: ignore[method-assign]
-            "type": "text",
-            "name": name,
-            "version": 5,
-            "prompt": "Summarize these turns:\n{{conversation}}",
-            "config": {},
-            "labels": ["production"],
-            "tags": [],
-        }
+        lf.serve_text_prompt("Summarize these turns:\n{{conversation}}", version=5)
         w = start_worker(
             env={
                 "LANGFUSE_PUBLIC_KEY": f"pk-lf-{uuid.uuid4().hex[:8]}",
@@ -156,40 +112,18 @@ def test_a_prompt_without_previous_summary_never_erases_the_summary(
     assert "<previous_summary>\nRunning summary of the analysis." in llm.prompt_text(1)
 
 
-def _events(r: redis.Redis, stream: str) -> list[Any]:
-    consumer = EventConsumer(r, "exits", "c1", stream=stream)
-    consumer.ensure_group()
-    got = consumer.read(count=100)
-    consumer.ack(*(e.id for e in got))
-    return got
-
-
 @pytest.fixture
-def read_only_role() -> Any:
-    """A Postgres role that can read memory's tables but write nothing (until granted)."""
-    url = make_url(get_settings().database_url)
-    role = f"am_ro_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as c:
-        c.execute(text(f"CREATE ROLE {role} LOGIN"))
-        c.execute(text(f"GRANT USAGE ON SCHEMA public TO {role}"))
-        c.execute(text(f"GRANT SELECT ON conversation_threads, thread_messages TO {role}"))
+def read_only_role() -> Iterator[tuple[str, Callable[[], None]]]:
+    """A role that can read memory's tables but write nothing until `grant()` is called."""
+    reads = ["SELECT ON conversation_threads, thread_messages"]
+    with postgres_role(get_settings().database_url, reads) as (url, grant):
 
-    def grant() -> None:
-        with admin.connect() as c:
-            c.execute(text(f"GRANT INSERT, UPDATE ON conversation_threads TO {role}"))
-            c.execute(text(f"GRANT INSERT ON thread_messages TO {role}"))
-            c.execute(text(f"GRANT INSERT ON memory_settings_seen TO {role}"))
+        def grant_writes() -> None:
+            grant("INSERT, UPDATE ON conversation_threads")
+            grant("INSERT ON thread_messages")
+            grant("INSERT, UPDATE ON memory_settings_seen")
 
-    yield url.set(username=role).render_as_string(hide_password=False), grant
-    with admin.connect() as c:
-        c.execute(
-            text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = :r"),
-            {"r": role},
-        )
-        c.execute(text(f"DROP OWNED BY {role}"))
-        c.execute(text(f"DROP ROLE {role}"))
-    admin.dispose()
+        yield url, grant_writes
 
 
 @pytest.mark.timeout(240)
@@ -204,10 +138,10 @@ def test_a_worker_that_cannot_write_never_acks_a_job(
     send_fold(agent, str(tid))
     # Neither job can do its work: both are retried, the fold with a failure event.
     wait_for(lambda: w.log().count('"memory.finalize_retry"') >= 2, 60, "finalize retries", w.log)
-    events = wait_for(lambda: _events(redis_client, events_stream), 60, "a fold event", w.log)
+    events = wait_for(lambda: drain_events(redis_client, events_stream), 60, "a fold event", w.log)
     assert events[0].event == "memory_summarization_failed"
     assert events[0].error.startswith("ProgrammingError")
-    assert _seqs(tid) == []
+    assert stored_seqs(tid) == []
     grant()
-    wait_for(lambda: _seqs(tid) == [1], 60, "the turn once writes are allowed", w.log)
+    wait_for(lambda: stored_seqs(tid) == [1], 60, "the turn once writes are allowed", w.log)
     assert w.alive()

@@ -6,39 +6,13 @@ import uuid
 from typing import Any
 
 import redis
-from sqlalchemy import select
 
 from memory_core import RedisConversationMemory
-from memory_core.db import session_scope
-from memory_core.events import EventConsumer, routine_stream
-from memory_core.models import ConversationThread, ThreadMessage
+from memory_core.events import routine_stream
 from tests.conftest import make_snapshot
 from tests.fakes.llm_server import FakeLLMServer
+from tests.support.state import drain_events, stored_seqs, thread_row
 from tests.workers.harness import send_finalize, send_fold, wait_for
-
-
-def _seqs(tid: uuid.UUID) -> list[int]:
-    with session_scope() as s:
-        return list(
-            s.scalars(
-                select(ThreadMessage.seq)
-                .where(ThreadMessage.thread_id == tid)
-                .order_by(ThreadMessage.seq)
-            )
-        )
-
-
-def _thread(tid: uuid.UUID) -> ConversationThread | None:
-    with session_scope() as s:
-        return s.scalars(select(ConversationThread).where(ConversationThread.id == tid)).first()
-
-
-def _events(r: redis.Redis, stream: str, group: str = "test") -> list[Any]:
-    consumer = EventConsumer(r, group, "c1", stream=stream)
-    consumer.ensure_group()
-    got = consumer.read(count=100)
-    consumer.ack(*(e.id for e in got))
-    return got
 
 
 def test_finalize_jobs_land_once_in_order_with_duplicates(
@@ -50,7 +24,7 @@ def test_finalize_jobs_land_once_in_order_with_duplicates(
     for snap in snaps:
         send_finalize(agent, snap)
         send_finalize(agent, snap)  # at-least-once delivery: every job twice
-    wait_for(lambda: len(_seqs(tid)) == 15, 60, "15 turns", w.log)
+    wait_for(lambda: len(stored_seqs(tid)) == 15, 60, "15 turns", w.log)
     wait_for(
         lambda: (
             "memory.finalize_duplicate" in w.log()
@@ -60,7 +34,7 @@ def test_finalize_jobs_land_once_in_order_with_duplicates(
         "15 duplicates",
         w.log,
     )
-    assert _seqs(tid) == list(range(1, 16))
+    assert stored_seqs(tid) == list(range(1, 16))
     ctx = RedisConversationMemory(redis_client).get_context(tid, "user-42")
     assert [e.seq for e in ctx.recent] == list(range(1, 16))
     assert '"task_id"' in w.log() and f'"thread_id": "{tid}"' in w.log()
@@ -74,8 +48,9 @@ def test_invalid_jobs_are_rejected_with_an_event_and_never_retried(
     send_finalize(agent, {**make_snapshot(bad_tid, 1), "agent_type": "robot"})
     send_finalize(agent, "not a snapshot")
     send_finalize(agent, {**make_snapshot(bad_tid, 2), "session_id": "nope"})
-    events = wait_for(
-        lambda: ((e := _events(redis_client, events_stream)) and len(e) >= 3 and e) or None,
+    events: list[Any] = []
+    wait_for(
+        lambda: events.extend(drain_events(redis_client, events_stream)) or len(events) >= 3,
         60,
         "3 rejection events",
         w.log,
@@ -87,8 +62,8 @@ def test_invalid_jobs_are_rejected_with_an_event_and_never_retried(
     # Acked, not retried: the worker moves on and the queue drains.
     good = uuid.uuid4()
     send_finalize(agent, make_snapshot(good, 1))
-    wait_for(lambda: _seqs(good) == [1], 30, "a valid job after the rejects", w.log)
-    assert _thread(uuid.UUID(bad_tid)) is None and w.alive()
+    wait_for(lambda: stored_seqs(good) == [1], 30, "a valid job after the rejects", w.log)
+    assert thread_row(uuid.UUID(bad_tid)) is None and w.alive()
     broker = redis.Redis.from_url(agent.conf.broker_url)
     assert broker.llen("memory.finalize") == 0
     assert w.log().count('"memory.finalize_rejected"') == 3
@@ -102,7 +77,7 @@ def test_folds_run_on_the_worker_and_emit_summarized(
     for n in range(1, 22):
         send_finalize(agent, make_snapshot(tid, n))
     wait_for(
-        lambda: (t := _thread(tid)) is not None and t.summary_through_seq == 11,
+        lambda: (t := thread_row(tid)) is not None and t.summary_through_seq == 11,
         60,
         "the fold at turn 21",
         w.log,
@@ -110,17 +85,17 @@ def test_folds_run_on_the_worker_and_emit_summarized(
     for n in range(22, 33):
         send_finalize(agent, make_snapshot(tid, n))
     wait_for(
-        lambda: (t := _thread(tid)) is not None and t.summary_through_seq == 22,
+        lambda: (t := thread_row(tid)) is not None and t.summary_through_seq == 22,
         60,
         "the fold at turn 32",
         w.log,
     )
-    t = _thread(tid)
+    t = thread_row(tid)
     assert t is not None and t.summary_prompt == "builtin:v1"
     assert llm.calls == 2
     # Successful folds are routine events: on the routine stream, never crowding out failures.
-    assert _events(redis_client, events_stream) == []
-    events = _events(redis_client, routine_stream(events_stream))
+    assert drain_events(redis_client, events_stream) == []
+    events = drain_events(redis_client, routine_stream(events_stream))
     assert [e.event for e in events] == ["memory_summarized"] * 2
     assert [e.fields["through_seq"] for e in events] == ["11", "22"]
 
@@ -133,7 +108,9 @@ def test_fold_failure_emits_event_persists_attempt_and_retries(
     tid = uuid.uuid4()
     for n in range(1, 22):
         send_finalize(agent, make_snapshot(tid, n))
-    events = wait_for(lambda: _events(redis_client, events_stream), 60, "a failure event", w.log)
+    events = wait_for(
+        lambda: drain_events(redis_client, events_stream), 60, "a failure event", w.log
+    )
     (failed,) = events
     assert failed.event == "memory_summarization_failed"
     assert (failed.thread_id, failed.attempt, failed.retry_in_s) == (str(tid), 1, 60)
@@ -147,7 +124,7 @@ def test_fold_failure_emits_event_persists_attempt_and_retries(
         "retry_in_s",
         "at",
     }
-    t = _thread(tid)
+    t = thread_row(tid)
     assert t is not None and t.fold_attempts == 1 and t.summary_through_seq == 0
     # Nothing is lost or hidden: all 21 turns are in Postgres and in the working copy.
     ctx = RedisConversationMemory(redis_client).get_context(tid, "user-42")
@@ -157,12 +134,12 @@ def test_fold_failure_emits_event_persists_attempt_and_retries(
     llm.set_mode("ok")
     send_fold(agent, str(tid))
     wait_for(
-        lambda: (t := _thread(tid)) is not None and t.summary_through_seq == 11,
+        lambda: (t := thread_row(tid)) is not None and t.summary_through_seq == 11,
         60,
         "the fold after recovery",
         w.log,
     )
-    assert _thread(tid).fold_attempts == 0  # type: ignore[union-attr]
+    assert thread_row(tid).fold_attempts == 0  # type: ignore[union-attr]
 
 
 def test_malformed_fold_jobs_are_rejected(start_worker, agent) -> None:  # type: ignore[no-untyped-def]
@@ -183,7 +160,7 @@ def test_malformed_fold_jobs_are_rejected(start_worker, agent) -> None:  # type:
 MARKER = "ZQXWORKERMARKER"
 
 
-def test_no_job_content_reaches_the_worker_log_or_the_events(
+def test_no_job_content_reaches_the_worker_log_or_thedrain_events(
     start_worker, agent, redis_client, events_stream: str, llm: FakeLLMServer
 ) -> None:  # type: ignore[no-untyped-def]
     """A marker in every field, through a rejection, saves, a fold failure that the LLM
@@ -205,20 +182,20 @@ def test_no_job_content_reaches_the_worker_log_or_the_events(
     bad = make_snapshot(tid, 99, user_query=f"{MARKER}\x00", owner_id=MARKER)
     send_finalize(agent, bad)
     failures = wait_for(
-        lambda: [e for e in _events(redis_client, events_stream, "m") if e.attempt],
+        lambda: [e for e in drain_events(redis_client, events_stream, "m") if e.attempt],
         60,
         "a failed fold attempt",
         w.log,
     )
     send_fold(agent, str(tid))  # the second attempt: the LLM-free fallback
     wait_for(
-        lambda: (t := _thread(tid)) is not None and t.summary_through_seq == 11,
+        lambda: (t := thread_row(tid)) is not None and t.summary_through_seq == 11,
         60,
         "the fallback fold",
         w.log,
     )
-    events = [*failures, *_events(redis_client, events_stream, "m2")]
-    events += _events(redis_client, routine_stream(events_stream))
+    events = [*failures, *drain_events(redis_client, events_stream, "m2")]
+    events += drain_events(redis_client, routine_stream(events_stream))
     assert {e.event for e in events} >= {"memory_summarization_failed", "memory_summarized"}
     for e in events:
         assert MARKER not in str(e.fields), e.fields
