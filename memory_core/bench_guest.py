@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
+from memory_core.bench import _snapshot
 from memory_core.conversation_memory import RedisConversationMemory, ThreadNotFound
 from memory_core.db import get_engine
 from memory_core.redis_client import make_redis
@@ -32,16 +33,9 @@ OWNER = "bench-owner"
 
 
 def _turn(tid: uuid.UUID, n: int, answer: str, sql: str) -> dict[str, Any]:
-    return {
-        "session_id": str(uuid.uuid4()),
-        "thread_id": str(tid),
-        "owner_id": OWNER,
-        "agent_type": "chat",
-        "user_query": f"Revenue by region for {2000 + n}, excluding returns ({uuid.uuid4()})",
-        "answer": answer,
-        "sql": [sql],
-        "completed_at": datetime.now(UTC).isoformat(),
-    }
+    """The benchmarks' turn, with distinct text (no cache may serve it twice)."""
+    query = f"Revenue by region for {2000 + n}, excluding returns ({uuid.uuid4()})"
+    return _snapshot(tid, n, OWNER) | {"user_query": query, "answer": answer, "sql": [sql]}
 
 
 def _paired_medians_ms(

@@ -32,7 +32,7 @@ ANNOUNCE_EVERY_S = 3600.0
 WINDOW = "2 hours"
 FORGET_AFTER = "7 days"
 _MAX_ANNOUNCED = 64
-_announced: dict[tuple[str, str], float] = {}
+_announced: dict[tuple[object, ...], float] = {}
 _lock = threading.Lock()
 
 
@@ -45,9 +45,14 @@ def fingerprint(memory: RedisConversationMemory) -> str:
 
 
 def announce(memory: RedisConversationMemory, *, wait: bool = False) -> threading.Thread | None:
-    """Record this process's fingerprint and check for others, in a daemon thread."""
-    fp = fingerprint(memory)
-    key = (memory.engine.url.render_as_string(hide_password=True), fp)
+    """Record this process's fingerprint and check for others, in a daemon thread.
+
+    Called for every memory built (a save without `memory=` builds one): the key is a plain
+    tuple so the common case, announced within the hour, costs a dict look-up.
+    """
+    m = memory
+    key: tuple[object, ...] = (id(m.engine), m.key_prefix, m.compression_threshold)
+    key += (m.max_recent_messages, m.max_unfolded_messages)
     now = time.monotonic()
     with _lock:
         if now - _announced.get(key, -ANNOUNCE_EVERY_S - 1) < ANNOUNCE_EVERY_S:
@@ -55,6 +60,7 @@ def announce(memory: RedisConversationMemory, *, wait: bool = False) -> threadin
         if len(_announced) >= _MAX_ANNOUNCED:
             _announced.clear()
         _announced[key] = now
+    fp = fingerprint(memory)
     worker = threading.Thread(target=check, args=(memory, fp), name="memory-settings", daemon=True)
     worker.start()
     if wait:
