@@ -12,9 +12,9 @@ COPY workers /src/workers
 COPY migrations /src/migrations
 
 # With the langgraph extra, `agent-memory migrate` also creates the LangGraph checkpointer
-# tables (schema langgraph). The wheel ships migrations/ beside memory_core. The
-# source tree is removed afterwards: `celery -A workers.app` puts the working directory on
-# sys.path, and a stray source copy there would shadow the installed package.
+# tables (schema langgraph). The wheel's one top-level package holds workers/ and migrations/
+# (`memory_core.workers.app` is the Celery app here). The source tree is removed afterwards:
+# `celery -A` puts the working directory on sys.path, where a stray copy would shadow it.
 RUN pip install "/src[langgraph]" \
     && rm -rf /src \
     && useradd --create-home --uid 10001 --user-group app

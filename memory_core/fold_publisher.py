@@ -22,6 +22,10 @@ FOLD_TASK = "memory.fold_thread"
 FOLD_QUEUE = "memory.fold"
 FINALIZE_TASK = "memory.finalize_turn"
 FINALIZE_QUEUE = "memory.finalize"
+# The worker package: `workers/` in a checkout, `memory_core.workers` once installed (the wheel
+# has one top-level name, docs/ARCHITECTURE.md "Names"). Tools start workers by this name.
+WORKER_PACKAGE = "memory_core.workers"
+WORKER_APP = f"{WORKER_PACKAGE}.app"
 
 
 @lru_cache(maxsize=4)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from importlib.resources import files
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
 
-MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+# `migrations/` in a checkout, shipped in the wheel as `memory_core.migrations` (pyproject.toml).
+MIGRATIONS_DIR = Path(str(files("memory_core.migrations")))
 
 
 def alembic_config(database_url: str | None = None) -> Config:

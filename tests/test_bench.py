@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from memory_core.bench import COMMAND, bench_core
+from memory_core.bench.core import COMMAND, bench_core
 from memory_core.settings import get_settings
 
 FIGURES = ("save", "get_context", "get_context_cold", "rehydrate", "render_warm", "render_cold")

@@ -12,7 +12,7 @@ import math
 import redis
 from sqlalchemy import text
 
-from memory_core.bench_workers import COMMAND, bench_workers
+from memory_core.bench.workers import COMMAND, bench_workers
 from memory_core.db import get_engine
 from memory_core.settings import get_settings
 

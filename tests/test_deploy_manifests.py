@@ -178,7 +178,7 @@ def test_compose_worker_per_queue(compose: dict[str, Any], short: str) -> None:
     soft = float(env.get("MEMORY_WORKER_SOFT_SHUTDOWN_S") or soft_shutdown_default())
     assert seconds(svc["stop_grace_period"]) > soft + 5
     probe = " ".join(svc["healthcheck"]["test"])
-    assert "celery -A workers.app inspect ping" in probe
+    assert "celery -A memory_core.workers.app inspect ping" in probe
     assert "celery@$$HOSTNAME" in probe  # $$: compose escape, the shell expands it
 
 
@@ -255,8 +255,8 @@ def test_dockerfile() -> None:
     assert 'pip install "/src[langgraph]"' in text and "COPY migrations /src/migrations" in text
 
 
-def test_wheel_ships_the_migrations(tmp_path: Path) -> None:
-    """The image installs the wheel: `agent-memory migrate` needs migrations/ inside it."""
+def test_wheel_installs_one_top_level_name_holding_workers_and_migrations(tmp_path: Path) -> None:
+    """Only `memory_core` lands in site-packages; workers/ and migrations/ ship inside it."""
     import subprocess
     import sys
     import zipfile
@@ -280,8 +280,16 @@ def test_wheel_ships_the_migrations(tmp_path: Path) -> None:
     )
     (wheel,) = tmp_path.glob("agent_memory-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert {"migrations/env.py", "migrations/alembic.ini", "migrations/script.py.mako"} <= names
-    assert any(n.startswith("migrations/versions/2") for n in names)
+    top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert top == {"memory_core"}
+    expected = {f"memory_core/{p.relative_to(REPO).as_posix()}" for p in REPO.glob("workers/*.py")}
+    expected |= {
+        f"memory_core/{p.relative_to(REPO).as_posix()}"
+        for p in REPO.glob("migrations/**/*")
+        if p.suffix in {".py", ".ini", ".mako"}
+    }
+    expected |= {p.relative_to(REPO).as_posix() for p in REPO.glob("memory_core/**/*.py")}
+    assert expected <= names, sorted(expected - names)
 
 
 # ------------------------------------------------------------------------------ Kubernetes
@@ -390,7 +398,7 @@ def test_worker_deployment(short: str) -> None:
     words = shlex.split(probe[2])
     assert words[words.index("celery") + 1 : words.index("celery") + 5] == [
         "-A",
-        "workers.app",
+        "memory_core.workers.app",
         "inspect",
         "ping",
     ]

@@ -1,4 +1,7 @@
-"""The Celery app: the one module that owns worker configuration (`celery -A workers.app worker`).
+"""The Celery app: the one module that owns worker configuration.
+
+`celery -A workers.app worker` in a checkout; installed, this package is `memory_core.workers`
+(docs/ARCHITECTURE.md, "Names"), so every name below is relative to `__package__`.
 
 Reliability settings and why:
 * acks_late + reject_on_worker_lost: a job is acked only after it ran; a worker child killed
@@ -30,8 +33,8 @@ from memory_core.fold_publisher import FINALIZE_QUEUE, FINALIZE_TASK, FOLD_QUEUE
 from memory_core.logs import get_logger
 from memory_core.metrics import serve_worker_metrics
 from memory_core.settings import SettingsError, get_settings
-from workers.broker import use_atomic_take
-from workers.logging import configure_logging
+from .broker import use_atomic_take
+from .logging import configure_logging
 
 FINALIZE_SOFT_LIMIT_S = 30
 FINALIZE_HARD_LIMIT_S = 60
@@ -92,9 +95,8 @@ def make_app() -> Celery:
         "socket_timeout": 30,
         "health_check_interval": 30,
     }
-    app = Celery(
-        "agent_memory", broker=s.celery_broker_url, include=["workers.tasks", "workers.bench_tasks"]
-    )
+    # Benchmark tasks are not here: only the benchmark's worker loads them (`-I`).
+    app = Celery("agent_memory", broker=s.celery_broker_url, include=[f"{__package__}.tasks"])
     app.conf.update(
         task_serializer="json",
         result_serializer="json",
@@ -111,7 +113,7 @@ def make_app() -> Celery:
         result_backend_transport_options=dict(transport),
         broker_connection_retry_on_startup=True,
         worker_cancel_long_running_tasks_on_connection_loss=True,
-        worker_consumer="workers.app:MemoryConsumer",
+        worker_consumer=f"{__name__}:MemoryConsumer",
         worker_soft_shutdown_timeout=s.memory_worker_soft_shutdown_s,
         worker_enable_soft_shutdown_on_idle=True,
         worker_hijack_root_logger=False,

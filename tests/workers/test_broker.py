@@ -26,7 +26,7 @@ from kombu.utils.json import loads
 
 from memory_core.settings import get_settings
 from workers.app import make_app
-from workers.bench_broker import bench_broker
+from memory_core.bench.broker import bench_broker
 from workers.broker import Channel as ReliableChannel
 
 TRANSPORT = "workers.broker:Transport"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import tempfile
@@ -11,6 +12,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
+from memory_core.fold_publisher import WORKER_APP
 from memory_core.settings import get_settings
 
 app = typer.Typer(
@@ -113,7 +115,7 @@ def worker(
         "-m",
         "celery",
         "-A",
-        "workers.app",
+        WORKER_APP,
         "worker",
         "-Q",
         ",".join(wanted),
@@ -134,7 +136,7 @@ def worker(
     env.setdefault("REMAP_SIGTERM", "SIGQUIT")
     if metrics_port is not None:
         # prometheus_client's multiprocess mode must be on before it is first imported:
-        # hence a fresh process (exec) with the directory set. workers.app serves the port.
+        # hence a fresh process (exec) with the directory set. The worker app serves the port.
         env["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="agent-memory-metrics-")
         env["MEMORY_METRICS_PORT"] = str(metrics_port)
     os.execvpe(sys.executable, argv, env)  # noqa: S606 - replaces this process on purpose
@@ -149,7 +151,7 @@ def flower(
     ] = None,
 ) -> None:
     """Start Flower (basic auth on; Prometheus metrics at /metrics)."""
-    from workers.app import app as celery_app
+    celery_app = importlib.import_module(WORKER_APP).app
 
     auth = basic_auth or get_settings().flower_basic_auth
     if not auth or ":" not in auth:
@@ -240,7 +242,7 @@ def events_tail(  # options only: typer passes them by name
 @one_line_errors
 def bench_core_cmd(iterations: int = 2000) -> None:
     """Save, get_context, rehydration and rendering against their raw limits."""
-    from memory_core.bench import bench_core
+    from memory_core.bench.core import bench_core
 
     s = get_settings()
     bench_core(database_url=s.database_url, redis_url=s.redis_url, iterations=iterations)
@@ -250,7 +252,7 @@ def bench_core_cmd(iterations: int = 2000) -> None:
 @one_line_errors
 def bench_access_cmd(reps: int = 300) -> None:
     """A stranger's refusal vs an unknown thread's, for a small and a large copy."""
-    from memory_core.bench_guest import bench_access
+    from memory_core.bench.guest import bench_access
 
     bench_access(settings=get_settings(), reps=reps)
 
@@ -259,7 +261,7 @@ def bench_access_cmd(reps: int = 300) -> None:
 @one_line_errors
 def bench_rss_cmd(turns: int = 1000) -> None:
     """A fold-worker-like process's RSS after 100 and after N distinct turns."""
-    from memory_core.bench_guest import bench_rss
+    from memory_core.bench.guest import bench_rss
 
     bench_rss(settings=get_settings(), turns=turns)
 
@@ -273,7 +275,7 @@ def bench_workers_cmd(
     jobs: int = 2000,
 ) -> None:
     """Finalize jobs/s vs a no-op task, LLM calls per 100 turns, fold prompt size."""
-    from memory_core.bench_workers import bench_workers
+    from memory_core.bench.workers import bench_workers
 
     s = get_settings()
     try:
@@ -294,7 +296,7 @@ def bench_broker_cmd(
     messages: int = 5000,
 ) -> None:
     """The workers' atomic take (workers/broker.py) vs kombu's BRPOP, consume + ack."""
-    from workers.bench_broker import bench_broker
+    from memory_core.bench.broker import bench_broker
 
     bench_broker(broker_url, messages)
 
@@ -302,7 +304,7 @@ def bench_broker_cmd(
 @app.command()
 def demo() -> None:
     """Play a scripted analytics conversation through a real worker (see README)."""
-    from memory_core.demo import run_demo
+    from memory_core.cli.demo import run_demo
 
     sys.exit(run_demo())
 

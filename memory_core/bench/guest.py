@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
-from memory_core.bench import _snapshot
+from memory_core.bench.core import _snapshot
 from memory_core.conversation_memory import RedisConversationMemory, ThreadNotFound
 from memory_core.db import get_engine
 from memory_core.redis_client import make_redis
@@ -95,7 +95,7 @@ def _read_next(memory: RedisConversationMemory, ids: Iterator[uuid.UUID]) -> Any
     return memory.get_context(next(ids), "mallory")
 
 
-_CHILD = "memory_core.bench_guest"
+_CHILD = "memory_core.bench.guest"
 
 
 def bench_rss(
@@ -136,7 +136,7 @@ def _rss_mib() -> float:
 
 def _child(settings_json: str, turns: int) -> None:
     """What a fold worker does, `turns` times, with distinct long texts; prints RSS figures."""
-    from memory_core.bench_workers import FakeLLM
+    from memory_core.bench.workers import FakeLLM
     from memory_core.folding import Folder
     from memory_core.summarizer import ConversationSummarizer
     from memory_core.views import render_conversation_context

@@ -13,8 +13,10 @@ from typing import Any
 
 from kombu import Connection, Exchange, Queue
 
+from memory_core.fold_publisher import WORKER_PACKAGE
+
 STOCK = "kombu.transport.redis:Transport"
-ATOMIC = "workers.broker:Transport"
+ATOMIC = f"{WORKER_PACKAGE}.broker:Transport"
 
 
 def _fill(url: str, queue: Queue, messages: int) -> None:

@@ -36,11 +36,12 @@ from sqlalchemy.engine import make_url
 from memory_core.context import ConversationContext
 from memory_core.conversation_memory import RedisConversationMemory
 from memory_core.db import get_engine, reset_engines
-from memory_core.demo_script import CONVERSATION, FOLLOW_UP, OWNER, VIEWS, Turn, failure_turn
+from memory_core.cli.demo_script import CONVERSATION, FOLLOW_UP, OWNER, VIEWS, Turn, failure_turn
 from memory_core.devservices import DevServices, ensure_services
 from memory_core.events import MEMORY_SUMMARIZATION_FAILED as FOLD_FAILED
 from memory_core.events import MEMORY_SUMMARIZED as FOLDED
 from memory_core.events import Event, EventConsumer, format_event, routine_stream
+from memory_core.fold_publisher import WORKER_APP
 from memory_core.migrate import upgrade
 from memory_core.redis_client import make_redis
 from memory_core.settings import Settings
@@ -75,11 +76,11 @@ def _first_line(exc: BaseException) -> str:
 
 
 class Worker:
-    """`celery -A workers.app worker` on both memory queues, in its own process group."""
+    """A Celery worker on both memory queues, in its own process group."""
 
     def __init__(self, name: str, log_path: Path, env: dict[str, str]) -> None:
         self.name, self.log_path, self.stopped = name, log_path, False
-        argv = [sys.executable, "-m", "celery", "-A", "workers.app", "worker", "-Q"]
+        argv = [sys.executable, "-m", "celery", "-A", WORKER_APP, "worker", "-Q"]
         argv += [",".join(QUEUES), "-c", "2", "--pool", "prefork", "-l", "INFO", "-n"]
         argv += [f"{name}@%h", "--without-gossip", "--without-mingle", "--prefetch-multiplier=1"]
         with log_path.open("wb") as log:  # own session: a Ctrl-C reaches only the demo

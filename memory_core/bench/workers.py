@@ -1,6 +1,6 @@
 """`agent-memory bench workers`: worker throughput and fold arithmetic beside their raw limits.
 
-1. finalize jobs/s through a real `celery -A workers.app worker` subprocess (prefork, -c 2,
+1. finalize jobs/s through a real Celery worker subprocess (prefork, -c 2,
    prefetch 1, both memory queues) vs `memory.bench_noop` with the same payloads on the same
    worker and queue. Jobs go round-robin over up to 100 threads preloaded with 20 turns at 11
    fold phases (folds at the steady-state rate, one per ~11 turns, against a local fake LLM that
@@ -42,9 +42,15 @@ import redis
 from kombu.transport.memory import Channel as MemoryChannel
 from sqlalchemy.engine import make_url
 
-from memory_core.bench import _LOAD_TURNS, BASE_TIME, _json_logs_to_devnull, _machine, _snapshot
+from memory_core.bench.core import _LOAD_TURNS, BASE_TIME, _json_logs_to_devnull, _machine, _snapshot
 from memory_core.conversation_memory import RedisConversationMemory
-from memory_core.fold_publisher import FINALIZE_QUEUE, FINALIZE_TASK, FOLD_QUEUE, FOLD_TASK
+from memory_core.fold_publisher import (
+    FINALIZE_QUEUE,
+    FINALIZE_TASK,
+    FOLD_QUEUE,
+    FOLD_TASK,
+    WORKER_APP,
+)
 from memory_core.folding import Folder
 from memory_core.redis_client import make_redis
 from memory_core.session_handler import save_session_to_thread_safe
@@ -58,7 +64,8 @@ MAX_THREADS, PRELOAD, TURNS_PER_THREAD = 100, 20, 20
 THRESHOLD, RECENT = 20, 10  # the documented fold arithmetic, fixed for the bench
 LONG_THREAD, EARLY, LATE, LANGCHAIN_CALLS = 300, 30, 300, 80
 POLL_S = 0.02
-WORKER_ARGS = f"-A workers.app worker -Q {FINALIZE_QUEUE},{FOLD_QUEUE} -c 2 --pool prefork "
+WORKER_ARGS = f"-A {WORKER_APP} worker -I memory_core.bench.tasks -Q {FINALIZE_QUEUE},{FOLD_QUEUE} "
+WORKER_ARGS += "-c 2 --pool prefork "
 WORKER_ARGS += "--prefetch-multiplier 1 -l INFO --without-gossip --without-mingle"
 _THREAD = """INSERT INTO conversation_threads
   (id, owner_id, agent_type, title, summary, summary_through_seq, last_seq)
