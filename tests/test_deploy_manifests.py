@@ -255,12 +255,24 @@ def test_dockerfile() -> None:
     assert 'pip install "/src[langgraph]"' in text and "COPY migrations /src/migrations" in text
 
 
+def _mkdir(path: Path) -> Path:
+    path.mkdir(parents=True)
+    return path
+
+
 def test_wheel_installs_one_top_level_name_holding_workers_and_migrations(tmp_path: Path) -> None:
     """Only `memory_core` lands in site-packages; workers/ and migrations/ ship inside it."""
+    import shutil
     import subprocess
     import sys
     import zipfile
 
+    # From a copy: an in-tree build/ left by an earlier build could smuggle stale files in.
+    src = tmp_path / "src"
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, src / name if src.exists() else _mkdir(src) / name)
+    for name in ("memory_core", "workers", "migrations"):
+        shutil.copytree(REPO / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run(
         [
             sys.executable,
@@ -272,7 +284,7 @@ def test_wheel_installs_one_top_level_name_holding_workers_and_migrations(tmp_pa
             "--no-build-isolation",
             "-w",
             str(tmp_path),
-            str(REPO),
+            str(src),
         ],
         check=True,
         capture_output=True,

@@ -33,6 +33,7 @@ from memory_core.fold_publisher import FINALIZE_QUEUE, FINALIZE_TASK, FOLD_QUEUE
 from memory_core.logs import get_logger
 from memory_core.metrics import serve_worker_metrics
 from memory_core.settings import SettingsError, get_settings
+
 from .broker import use_atomic_take
 from .logging import configure_logging
 

@@ -24,6 +24,7 @@ from memory_core.logs import describe_error, get_logger
 from memory_core.metrics import TASK_UNEXPECTED
 from memory_core.session_handler import SaveOutcome, save_session_to_thread_safe
 from memory_core.summarizer import ConversationSummarizer
+
 from .app import FINALIZE_HARD_LIMIT_S, FINALIZE_SOFT_LIMIT_S, app, fold_limits
 
 log = get_logger(__name__)

@@ -42,7 +42,13 @@ import redis
 from kombu.transport.memory import Channel as MemoryChannel
 from sqlalchemy.engine import make_url
 
-from memory_core.bench.core import _LOAD_TURNS, BASE_TIME, _json_logs_to_devnull, _machine, _snapshot
+from memory_core.bench.core import (
+    _LOAD_TURNS,
+    BASE_TIME,
+    _json_logs_to_devnull,
+    _machine,
+    _snapshot,
+)
 from memory_core.conversation_memory import RedisConversationMemory
 from memory_core.fold_publisher import (
     FINALIZE_QUEUE,

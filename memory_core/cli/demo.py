@@ -33,10 +33,10 @@ from rich.text import Text
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
 
+from memory_core.cli.demo_script import CONVERSATION, FOLLOW_UP, OWNER, VIEWS, Turn, failure_turn
 from memory_core.context import ConversationContext
 from memory_core.conversation_memory import RedisConversationMemory
 from memory_core.db import get_engine, reset_engines
-from memory_core.cli.demo_script import CONVERSATION, FOLLOW_UP, OWNER, VIEWS, Turn, failure_turn
 from memory_core.devservices import DevServices, ensure_services
 from memory_core.events import MEMORY_SUMMARIZATION_FAILED as FOLD_FAILED
 from memory_core.events import MEMORY_SUMMARIZED as FOLDED

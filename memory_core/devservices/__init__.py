@@ -442,37 +442,3 @@ def stop_private(data_dir: Path) -> None:
         )
         subprocess.run(cmd, cwd=pgdata.parent, check=False, capture_output=True)
     _stop_redis(data_dir / "redis")
-
-
-def main(argv: list[str] | None = None) -> int:
-    from memory_core.settings import get_settings
-
-    parser = argparse.ArgumentParser(
-        prog="python -m memory_core.devservices",
-        description=__doc__.splitlines()[0] if __doc__ else None,
-    )
-    parser.add_argument("--data-dir", type=Path, default=Path(".agent-memory/dev-services"))
-    parser.add_argument("--database", help="database name (default: the one in DATABASE_URL)")
-    parser.add_argument("--stop", action="store_true", help="stop private servers and exit")
-    args = parser.parse_args(argv)
-    if args.stop:
-        stop_private(args.data_dir)
-        return 0
-    settings = get_settings()
-    try:
-        services = ensure_services(
-            settings.database_url, settings.redis_url, args.data_dir, database_name=args.database
-        )
-    except DevServicesError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    for line in services.started + services.notes:
-        print(f"# {line}", file=sys.stderr)
-    print(f"export DATABASE_URL={shlex.quote(services.database_url)}")
-    for name in ("REDIS_URL", "CELERY_BROKER_URL"):
-        print(f"export {name}={shlex.quote(services.redis_url)}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

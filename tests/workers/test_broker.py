@@ -24,9 +24,9 @@ from kombu.transport import get_transport_cls
 from kombu.transport.redis import Transport as StockTransport
 from kombu.utils.json import loads
 
+from memory_core.bench.broker import bench_broker
 from memory_core.settings import get_settings
 from workers.app import make_app
-from memory_core.bench.broker import bench_broker
 from workers.broker import Channel as ReliableChannel
 
 TRANSPORT = "workers.broker:Transport"

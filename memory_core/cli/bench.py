@@ -1,0 +1,77 @@
+"""`agent-memory bench ...`: each benchmark prints its figures beside the raw limit."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from memory_core.cli.errors import fail, one_line_errors
+from memory_core.settings import get_settings
+
+bench_app = typer.Typer(
+    help="Benchmarks that print figures beside their raw limits.", no_args_is_help=True
+)
+
+
+@bench_app.command("core")
+@one_line_errors
+def bench_core_cmd(iterations: int = 2000) -> None:
+    """Save, get_context, rehydration and rendering against their raw limits."""
+    from memory_core.bench.core import bench_core
+
+    s = get_settings()
+    bench_core(database_url=s.database_url, redis_url=s.redis_url, iterations=iterations)
+
+
+@bench_app.command("access")
+@one_line_errors
+def bench_access_cmd(reps: int = 300) -> None:
+    """A stranger's refusal vs an unknown thread's, for a small and a large copy."""
+    from memory_core.bench.guest import bench_access
+
+    bench_access(settings=get_settings(), reps=reps)
+
+
+@bench_app.command("rss")
+@one_line_errors
+def bench_rss_cmd(turns: int = 1000) -> None:
+    """A fold-worker-like process's RSS after 100 and after N distinct turns."""
+    from memory_core.bench.guest import bench_rss
+
+    bench_rss(settings=get_settings(), turns=turns)
+
+
+@bench_app.command("workers")
+@one_line_errors
+def bench_workers_cmd(
+    broker_url: Annotated[
+        str, typer.Option(help="A Redis broker (database) for the bench worker alone.")
+    ],
+    jobs: int = 2000,
+) -> None:
+    """Finalize jobs/s vs a no-op task, LLM calls per 100 turns, fold prompt size."""
+    from memory_core.bench.workers import bench_workers
+
+    s = get_settings()
+    try:
+        bench_workers(
+            database_url=s.database_url,
+            redis_url=s.redis_url,
+            broker_url=broker_url,
+            jobs=jobs,
+        )
+    except (RuntimeError, ValueError) as exc:
+        fail(str(exc))
+
+
+@bench_app.command("broker")
+@one_line_errors
+def bench_broker_cmd(
+    broker_url: Annotated[str, typer.Option(help="A Redis broker (database) to bench on.")],
+    messages: int = 5000,
+) -> None:
+    """The workers' atomic take (workers/broker.py) vs kombu's BRPOP, consume + ack."""
+    from memory_core.bench.broker import bench_broker
+
+    bench_broker(broker_url, messages)

@@ -1,0 +1,60 @@
+"""How a command fails: one clear line on stderr and exit 1, never a traceback."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import wraps
+from typing import Any, NoReturn, TypeVar
+
+import typer
+
+from memory_core.settings import get_settings
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def fail(message: str) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(1)
+
+
+def one_line_errors(fn: F) -> F:
+    """Infrastructure errors become one clear line on stderr instead of a traceback."""
+
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        import psycopg2
+        import redis
+        from sqlalchemy.exc import OperationalError
+
+        from memory_core.conversation_memory import ThreadNotFound
+
+        try:
+            return fn(*args, **kwargs)
+        except ThreadNotFound as exc:
+            fail(str(exc))
+        except OperationalError as exc:
+            fail(
+                f"cannot reach Postgres at {safe_url(get_settings().database_url)}: "
+                f"{str(exc.orig).strip().splitlines()[0]}"
+            )
+        except psycopg2.OperationalError as exc:  # the benches talk to Postgres directly
+            fail(
+                f"cannot reach Postgres at {safe_url(get_settings().database_url)}: "
+                f"{str(exc).strip().splitlines()[0]}"
+            )
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            fail(f"cannot reach Redis at {safe_url(get_settings().redis_url)}: {exc}")
+        except redis.RedisError as exc:
+            fail(f"Redis error: {exc}")
+
+    return wrapper  # type: ignore[return-value]
+
+
+def safe_url(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return url.rsplit("@", maxsplit=1)[-1]
