@@ -12,7 +12,6 @@ what it started running (`--stop` stops it).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import glob
 import hashlib
@@ -23,7 +22,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
