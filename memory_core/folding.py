@@ -33,17 +33,11 @@ from sqlalchemy.orm import Session
 from memory_core.context import Exchange
 from memory_core.conversation_memory import RedisConversationMemory
 from memory_core.db import describe_db_error, retry_on_disconnect
+from memory_core.llm_free_fold import LLM_FREE_LABEL, LLM_FREE_TARGET_TOKENS, llm_free_fold
 from memory_core.logs import describe_error, get_logger
 from memory_core.metrics import FOLD_FALLBACKS, FOLD_SECONDS, FOLDS, LLM_TOKENS
 from memory_core.models import ConversationThread, ThreadMessage
-from memory_core.summarizer import (
-    LLM_FREE_LABEL,
-    LLM_FREE_TARGET_TOKENS,
-    SummarizationError,
-    SummaryResult,
-    llm_free_fold,
-    storable,
-)
+from memory_core.summarizer import SummarizationError, SummaryResult, storable
 from memory_core.summary_tail import (
     ARTIFACT_TAIL_MARKER,
     ARTIFACT_TAIL_TURNS,

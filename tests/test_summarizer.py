@@ -21,9 +21,9 @@ from memory_core.summarizer import (
     ConversationSummarizer,
     SummarizationError,
     SummaryResult,
-    count_tokens,
     validate_summary,
 )
+from memory_core.tokens import count_tokens
 from tests.fakes import FakeLangfuseServer, FakeLLMServer, HangingServer, closed_port
 
 THREAD = "6fa459ea-ee8a-3ca4-894e-db77e160355e"
