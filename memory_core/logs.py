@@ -100,7 +100,7 @@ def configure_logging(level: int | str = logging.INFO, stream: IO[str] | None = 
     For processes this project owns (the CLI, the workers); a host embedding the library
     configures logging its own way.
     """
-    import structlog
+    import structlog  # noqa: PLC0415 - only processes we own pay for it, not a host
 
     shared: list[Any] = [
         structlog.contextvars.merge_contextvars,

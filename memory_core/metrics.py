@@ -12,9 +12,19 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    multiprocess,
+    start_http_server,
+)
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+from sqlalchemy import text
+
+from memory_core.db import get_engine
 
 FINALIZE = Counter(
     "memory_finalize_total", "Finalize outcomes", ["status"]
@@ -77,10 +87,6 @@ class FoldLagCollector(Collector):
         self._cached: tuple[float, float, float, float] | None = None
 
     def _measure(self) -> tuple[float, float, float]:
-        from sqlalchemy import text
-
-        from memory_core.db import get_engine
-
         sql = text(
             "SELECT count(*), count(*) FILTER (WHERE fold_attempts > 0), "
             "COALESCE(EXTRACT(EPOCH FROM now() - min(fold_due_at)), 0) "
@@ -115,8 +121,6 @@ class FoldLagCollector(Collector):
 
 def serve_worker_metrics(port: int, database_url: str, threshold: int) -> None:
     """Serve the multiprocess aggregate + fold lag from the worker's main process."""
-    from prometheus_client import CollectorRegistry, multiprocess, start_http_server
-
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry)
     registry.register(FoldLagCollector(database_url, threshold))

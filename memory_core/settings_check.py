@@ -22,6 +22,7 @@ from sqlalchemy.sql import func
 
 from memory_core.logs import get_logger
 from memory_core.metrics import SETTINGS_DISAGREEMENTS
+from memory_core.models import MemorySettingsSeen as Seen
 
 if TYPE_CHECKING:
     from memory_core.conversation_memory import RedisConversationMemory
@@ -70,8 +71,6 @@ def announce(memory: RedisConversationMemory, *, wait: bool = False) -> threadin
 
 def check(memory: RedisConversationMemory, fp: str) -> list[str]:
     """Upsert `fp`; the other fingerprints seen within the window (warned about)."""
-    from memory_core.models import MemorySettingsSeen as Seen
-
     try:
         with memory.engine.begin() as conn:
             conn.execute(

@@ -28,11 +28,13 @@ from celery import Celery
 from celery.signals import setup_logging, worker_init, worker_process_shutdown
 from celery.worker.consumer import Consumer
 from kombu import Queue
+from prometheus_client import multiprocess
 
 from memory_core.fold_publisher import FINALIZE_QUEUE, FINALIZE_TASK, FOLD_QUEUE, FOLD_TASK
 from memory_core.logs import get_logger
 from memory_core.metrics import serve_worker_metrics
 from memory_core.settings import SettingsError, get_settings
+from memory_core.tokens import encoding
 
 from .broker import use_atomic_take
 from .logging import configure_logging
@@ -128,8 +130,6 @@ def make_app() -> Celery:
 def _warm_tokenizer(**_: Any) -> None:
     # Load the BPE ranks once in the parent, before the pool forks: otherwise every child
     # pays ~0.5 s on its first fold or view.
-    from memory_core.tokens import encoding
-
     encoding()
 
 
@@ -144,8 +144,6 @@ def _serve_metrics(**_: Any) -> None:
 @worker_process_shutdown.connect
 def _metrics_child_exit(pid: int | None = None, **_: Any) -> None:
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        from prometheus_client import multiprocess
-
         multiprocess.mark_process_dead(pid or os.getpid())
 
 

@@ -102,7 +102,7 @@ def retry_or_requeue(task: Task, *, countdown: float, exc: Exception) -> NoRetur
 
 def finalize_retry_delay(retries: int, cap_s: int) -> float:
     """Bounded backoff for a Postgres outage: 1, 2, 4, ... capped, plus a little jitter."""
-    return float(min(2**retries, cap_s)) + random.uniform(0, 1)
+    return float(min(2**retries, cap_s)) + random.uniform(0, 1)  # noqa: S311 - jitter
 
 
 def _uuid_text(value: Any) -> str:
