@@ -1,5 +1,5 @@
 # Developer entry points. `make test` works on a fresh clone: it creates .venv, and the test
-# session finds or starts PostgreSQL and Redis itself (memory_core/devservices.py).
+# session finds or starts PostgreSQL and Redis itself (memory_core/devservices/).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin

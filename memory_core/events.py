@@ -1,6 +1,6 @@
 """Memory events on a Redis stream (`memory:events`), and a consumer-group reader for them.
 
-Producer: `emit_event` appends one entry with the fields fixed by ARCHITECTURE.md, in this order:
+Producer: `emit_event` appends one entry with these fields, in this order (docs/ARCHITECTURE.md):
 `event`, `thread_id`, `session_id`, `attempt`, `error`, `retry_in_s` ("" when unknown) and `at`
 (ISO-8601 UTC, e.g. "2026-11-29T12:00:00.123Z"), then any extra string fields. The stream is
 capped with an approximate `MAXLEN ~` (cheap; Redis trims whole nodes, so the length may exceed

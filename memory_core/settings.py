@@ -25,7 +25,7 @@ class SettingsError(ValueError):
 
 
 class Settings(BaseSettings):
-    """Environment-driven configuration; names are fixed by ARCHITECTURE.md."""
+    """Environment-driven configuration; docs/ARCHITECTURE.md, "Names", lists the variables."""
 
     model_config = SettingsConfigDict(
         env_file=".env", extra="ignore", case_sensitive=False, allow_inf_nan=False
@@ -47,7 +47,7 @@ class Settings(BaseSettings):
     langfuse_prompt_timeout_s: float = Field(default=3.0, gt=0)
     langfuse_prompt_cache_ttl_s: int = Field(default=300, ge=0)
 
-    # The seed's constructor defaults of RedisConversationMemory, promoted to settings.
+    # Tuning of RedisConversationMemory; its constructor arguments override these.
     memory_ttl_hours: float = Field(default=24, gt=0, le=_HUNDRED_YEARS_H)
     memory_max_recent_messages: int = Field(default=10, ge=1)
     memory_compression_threshold: int = Field(default=20, ge=2)

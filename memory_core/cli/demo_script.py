@@ -14,7 +14,7 @@ from memory_core.views import Focus
 
 OWNER = "demo-analyst"
 FOLLOW_UP = "now make that a bar chart by quarter"
-# The node views shown for the follow-up, and who reads each (seed: "Node-scoped context views").
+# The node views shown for the follow-up, and who reads each (docs/ARCHITECTURE.md, "The flow").
 VIEWS: tuple[tuple[Focus, str], ...] = (
     ("brief", "intent detection"),
     ("sql", "SQL generator / query editor"),
