@@ -6,10 +6,10 @@ at turn 21 (turns 1-11), then every 11 turns. A late fold folds whatever is unfo
 except the newest 10, at most `max_unfolded_messages` turns per LLM call (a bounded prompt);
 a backlog beyond that is folded by follow-up folds.
 
-Concurrency (guarantee 5, docs/ARCHITECTURE.md): a lease on the thread row (fold_lease_token/until) makes folds
-single-flight without holding a row lock during the LLM call, and the summary is written
-with compare-and-set on `summary_through_seq`, so a duplicate or late fold is a no-op and
-turns that arrived meanwhile stay unfolded.
+Concurrency (guarantee 5, docs/ARCHITECTURE.md): a lease on the thread row
+(fold_lease_token/until) makes folds single-flight without holding a row lock during the LLM
+call, and the summary is written with compare-and-set on `summary_through_seq`, so a duplicate
+or late fold is a no-op and turns that arrived meanwhile stay unfolded.
 
 Failures: a summarizer error is a failed attempt (counted on the row, backoff, an event from
 the task). After `MEMORY_FOLD_MAX_LLM_ATTEMPTS` failed attempts, or at once for an error no
