@@ -1,19 +1,4 @@
-"""Memory events on a Redis stream (`memory:events`), and a consumer-group reader for them.
-
-Producer: `emit_event` appends one entry with these fields, in this order (docs/ARCHITECTURE.md):
-`event`, `thread_id`, `session_id`, `attempt`, `error`, `retry_in_s` ("" when unknown) and `at`
-(ISO-8601 UTC, e.g. "2026-11-29T12:00:00.123Z"), then any extra string fields. The stream is
-capped with an approximate `MAXLEN ~` (cheap; Redis trims whole nodes, so the length may exceed
-the cap by up to one node). Emitting never raises: a failure is logged and `None` is returned.
-
-Text handling: `error` is cut to `MAX_ERROR_CHARS` characters (the last three become "...").
-Lone surrogates (which UTF-8, and so Redis, cannot store) are replaced by U+FFFD in every field;
-any other text, control characters included, round-trips unchanged.
-
-Two streams: failure and lifecycle events (`memory_summarization_failed`,
-`memory_finalize_rejected`, ...) go to `memory:events`; the routine `memory_summarized` (one
-per successful fold) goes to `memory:events:routine`, capped on its own, so a busy day of folds
-never trims a failure out of `memory:events` before its consumers read it.
+"""Reading the event stream: `EventConsumer` (a consumer group) and `tail_events` (the CLI).
 
 Consumer contract (`EventConsumer`, at-least-once through a consumer group):
 * `read` returns this consumer's own pending entries that are due again (read but not acked:
@@ -32,155 +17,21 @@ Consumer contract (`EventConsumer`, at-least-once through a consumer group):
 
 from __future__ import annotations
 
-import re
 import socket
 import time
 from collections.abc import Generator
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any, cast
 
 from redis import Redis
 from redis.exceptions import ResponseError
 
+from memory_core.events.stream import Event, _now_iso, _text
 from memory_core.logs import get_logger
 from memory_core.metrics import EVENTS_CONSUMER_LAG, EVENTS_LOST
 from memory_core.settings import get_settings
 
-MEMORY_SUMMARIZATION_FAILED = "memory_summarization_failed"
-MEMORY_SUMMARIZED = "memory_summarized"
-MEMORY_FINALIZE_REJECTED = "memory_finalize_rejected"
-# Emitted on every successful fold: kept apart so it never trims failures away.
-ROUTINE_EVENTS = frozenset({MEMORY_SUMMARIZED})
-
-EVENT_FIELDS = ("event", "thread_id", "session_id", "attempt", "error", "retry_in_s", "at")
-MAX_ERROR_CHARS = 2000
-
-_SURROGATES = re.compile("[\ud800-\udfff]")
 _log = get_logger(__name__)
 MAX_RETRY_WAIT_MS = 600_000
-
-
-def routine_stream(stream: str) -> str:
-    """Where routine events of `stream` go (`memory:events` -> `memory:events:routine`)."""
-    return f"{stream}:routine"
-
-
-def _now_iso() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def _clean(value: object) -> str:
-    """Text Redis can store: lone surrogates become U+FFFD."""
-    return _SURROGATES.sub("\ufffd", value if isinstance(value, str) else str(value))
-
-
-def _text(value: object) -> str:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    return value if isinstance(value, str) else str(value)
-
-
-def _truncate_error(error: str) -> str:
-    return error if len(error) <= MAX_ERROR_CHARS else error[: MAX_ERROR_CHARS - 3] + "..."
-
-
-def emit_event(
-    redis: Redis,
-    event: str,
-    *,
-    thread_id: str = "",
-    session_id: str = "",
-    attempt: int = 0,
-    error: str = "",
-    retry_in_s: float | None = None,
-    stream: str | None = None,
-    maxlen: int | None = None,
-    **extra: str,
-) -> str | None:
-    """XADD one event (MAXLEN ~ `maxlen`); returns the entry id, or None if Redis failed.
-
-    Without `stream`: routine events (`ROUTINE_EVENTS`) go to the routine stream of
-    `MEMORY_EVENTS_STREAM`, the others to `MEMORY_EVENTS_STREAM` itself.
-
-    Never raises, so a failure path can always call it. How long it can take when Redis is down
-    is set by the client: its socket timeouts and its `retry` policy (redis-py's default retries
-    a refused connection 10 times, about 4 s); give failure-path clients a bounded policy.
-    """
-    try:
-        settings = get_settings()
-        fields = {
-            "event": _clean(event),
-            "thread_id": _clean(thread_id),
-            "session_id": _clean(session_id),
-            "attempt": str(int(attempt)),
-            "error": _truncate_error(_clean(error)),
-            "retry_in_s": "" if retry_in_s is None else str(retry_in_s),
-            "at": _now_iso(),
-        }  # extra fields never override these
-        fields.update({_clean(k): _clean(v) for k, v in extra.items() if k not in fields})
-        if stream is None:
-            stream = settings.memory_events_stream
-            if event in ROUTINE_EVENTS:
-                stream = routine_stream(stream)
-        maxlen = settings.memory_events_maxlen if maxlen is None else maxlen
-        return _text(redis.xadd(stream, cast(Any, fields), maxlen=maxlen, approximate=True))
-    except Exception as exc:
-        _log.warning(
-            "memory.event_emit_failed",
-            event_name=event,
-            error=type(exc).__name__,
-        )
-        return None
-
-
-def _parse_at(value: str, entry_id: str) -> datetime:
-    try:
-        at = datetime.fromisoformat(value)
-        return at if at.tzinfo else at.replace(tzinfo=UTC)
-    except ValueError:  # missing or malformed: the entry id holds the append time in ms
-        millis = entry_id.split("-", 1)[0]
-        return datetime.fromtimestamp(int(millis) / 1000 if millis.isdigit() else 0, UTC)
-
-
-def _parse_number(value: str, kind: type[float] | type[int]) -> float | int | None:
-    try:
-        return kind(value) if value else None
-    except ValueError:
-        return None
-
-
-@dataclass
-class Event:
-    """One stream entry, parsed. `fields` keeps every raw field (extras included)."""
-
-    id: str
-    event: str
-    thread_id: str
-    session_id: str
-    attempt: int
-    error: str
-    retry_in_s: float | None
-    at: datetime
-    fields: dict[str, str] = field(default_factory=dict)
-    deliveries: int = 0  # from the group's pending entry list; 0 when unknown
-
-    @classmethod
-    def from_entry(cls, entry_id: object, raw: Any, deliveries: int = 0) -> Event:
-        eid = _text(entry_id)
-        fields = {_text(k): _text(v) for k, v in (raw or {}).items()}
-        return cls(
-            id=eid,
-            event=fields.get("event", ""),
-            thread_id=fields.get("thread_id", ""),
-            session_id=fields.get("session_id", ""),
-            attempt=int(_parse_number(fields.get("attempt", ""), int) or 0),
-            error=fields.get("error", ""),
-            retry_in_s=_parse_number(fields.get("retry_in_s", ""), float),
-            at=_parse_at(fields.get("at", ""), eid),
-            fields=fields,
-            deliveries=deliveries,
-        )
 
 
 def _entries(response: Any) -> list[tuple[Any, Any]]:
@@ -451,24 +302,3 @@ def tail_events(
         for eid, raw in _entries(redis.xread({stream: last_id}, count=count, block=block_ms)):
             yield Event.from_entry(eid, raw)
             last_id = _text(eid)
-
-
-def _one_line(text: str) -> str:
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-
-
-def format_event(e: Event) -> str:
-    """One line for the CLI: time, id, event, then the non-empty fields; error last."""
-    retry = "" if e.retry_in_s is None else f"{e.retry_in_s:g}s"
-    shown = [
-        ("thread", e.thread_id),
-        ("session", e.session_id),
-        ("attempt", str(e.attempt) if e.attempt else ""),
-        ("retry_in", retry),
-        ("deliveries", str(e.deliveries) if e.deliveries > 1 else ""),
-        *((k, v) for k, v in e.fields.items() if k not in EVENT_FIELDS),
-        ("error", e.error),
-    ]
-    parts = [e.at.isoformat(timespec="milliseconds"), e.id, e.event or "?"]
-    parts.extend(f"{k}={v}" for k, v in shown if v)
-    return _one_line(" ".join(parts))
