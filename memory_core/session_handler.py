@@ -141,13 +141,7 @@ def save_session_to_thread_safe(
         FINALIZE.labels(abort.status).inc()
         return SaveOutcome(abort.status, tid, sid, reason=abort.reason)
     except Exception as exc:  # nothing was committed: the agent or Celery retries
-        kind = "postgres" if isinstance(exc, SQLAlchemyError | OSError) else "error"
-        error = describe_db_error(exc) if kind == "postgres" else describe_error(exc)
-        if isinstance(exc, SettingsError):  # its message names variables, never content
-            kind, error = "settings", str(exc)
-        log.error("memory.finalize_failed", error=error, thread_id=tid, session_id=sid)
-        FINALIZE.labels("failed").inc()
-        return SaveOutcome("failed", tid, sid, reason=f"{kind}: {error}", retryable=True)
+        return _failed(exc, tid, sid)
     # Committed: from here on nothing raises, whatever Redis or the broker do.
     cache = memory.record_turn(
         snap.owner_id,
@@ -168,6 +162,16 @@ def save_session_to_thread_safe(
         fold_published=published,
     )
     return SaveOutcome("saved", tid, sid, seq=claim.seq, cache=cache, fold_published=published)
+
+
+def _failed(exc: Exception, tid: str, sid: str) -> SaveOutcome:
+    kind = "postgres" if isinstance(exc, SQLAlchemyError | OSError) else "error"
+    error = describe_db_error(exc) if kind == "postgres" else describe_error(exc)
+    if isinstance(exc, SettingsError):  # its message names variables, never content
+        kind, error = "settings", str(exc)
+    log.error("memory.finalize_failed", error=error, thread_id=tid, session_id=sid)
+    FINALIZE.labels("failed").inc()
+    return SaveOutcome("failed", tid, sid, reason=f"{kind}: {error}", retryable=True)
 
 
 def _write_turn(snap: TurnSnapshot, turn: Exchange, memory: RedisConversationMemory) -> SeqClaim:
