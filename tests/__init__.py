@@ -1,0 +1,1 @@
+"""The test suite: real Postgres, Redis and Celery workers (docs/ARCHITECTURE.md, "Layout")."""
