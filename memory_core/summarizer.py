@@ -177,6 +177,25 @@ class ConversationSummarizer:
         self._langfuse_ready = False
         self._lock = threading.Lock()
 
+    def close(self) -> None:
+        """Close the LLM client's connections and flush Langfuse; the instance can be reused."""
+        with self._lock:
+            llm, self._openai = self._openai, None
+            lf, self._langfuse, self._langfuse_ready = self._langfuse, None, False
+        if llm is not None:
+            llm.close()
+        if lf is not None:
+            try:
+                lf.shutdown()
+            except Exception as exc:
+                log.warning("langfuse shutdown failed: %s", type(exc).__name__)
+
+    def __enter__(self) -> ConversationSummarizer:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
     # Clients are built lazily: an LLM-free deployment never touches openai or Langfuse.
     def _llm(self) -> openai.OpenAI:
         with self._lock:

@@ -10,8 +10,8 @@ import pytest
 from memory_core import RedisConversationMemory, save_session_to_thread_safe
 from memory_core.events import emit_event
 from memory_core.settings import get_settings
-from tests.conftest import make_snapshot
-from tests.workers.harness import run_module
+from tests.support.commands import run_module
+from tests.support.snapshots import make_snapshot
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.workers.harness import REPO
+from tests.support import REPO
 
 TIMEOUT_S = 300
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -18,17 +17,12 @@ import pytest
 import redis
 
 from memory_core.devservices import DevServices, ensure_services, pg_connect_kwargs
+from memory_core.devservices.ports import free_port
 from memory_core.settings import get_settings, reset_settings_cache
-from tests import _services
+from tests.support import services as test_services
 
 DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _query(database_url: str, query: str, dbname: str | None = None) -> Any:
@@ -80,8 +74,8 @@ def test_reachable_servers_start_nothing_and_get_the_database(
 
 
 def test_unreachable_servers_are_replaced_by_private_ones(tmp_path: Path) -> None:
-    database_url = f"postgresql+psycopg2://postgres@127.0.0.1:{_free_port()}/agent_memory_test"
-    redis_url = f"redis://127.0.0.1:{_free_port()}/3"
+    database_url = f"postgresql+psycopg2://postgres@127.0.0.1:{free_port()}/agent_memory_test"
+    redis_url = f"redis://127.0.0.1:{free_port()}/3"
     data_dir = tmp_path / "services"
     pg_root: Path | None = None
     try:
@@ -178,24 +172,24 @@ def saved_environ() -> Iterator[None]:
 def test_bootstrap_services_exports_effective_urls(
     servers: DevServices, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_services, "TEST_DATA_DIR", tmp_path)
+    monkeypatch.setattr(test_services, "TEST_DATA_DIR", tmp_path)
     # Not this session's own database: the cleanup below drops it.
-    monkeypatch.setattr(_services, "TEST_DATABASE", f"am_boot_{uuid.uuid4().hex[:8]}")
+    monkeypatch.setattr(test_services, "TEST_DATABASE", f"am_boot_{uuid.uuid4().hex[:8]}")
     os.environ["DATABASE_URL"] = servers.database_url
     os.environ["REDIS_URL"] = servers.redis_url
     os.environ.pop("CELERY_BROKER_URL", None)
     reset_settings_cache()
     config = _StubConfig()
-    services = _services.bootstrap_services(cast(pytest.Config, config))
-    assert config.stash[_services.SERVICES] is services
+    services = test_services.bootstrap_services(cast(pytest.Config, config))
+    assert config.stash[test_services.SERVICES] is services
     assert config.cleanups[0] == services.stop and len(config.cleanups) == 2
-    assert os.environ["DATABASE_URL"].endswith(f"/{_services.TEST_DATABASE}")
+    assert os.environ["DATABASE_URL"].endswith(f"/{test_services.TEST_DATABASE}")
     assert os.environ["REDIS_URL"] == os.environ["CELERY_BROKER_URL"] == servers.redis_url
     settings = get_settings()
-    assert settings.database_url.endswith(f"/{_services.TEST_DATABASE}")
+    assert settings.database_url.endswith(f"/{test_services.TEST_DATABASE}")
     assert settings.celery_broker_url == servers.redis_url
     db = _query(os.environ["DATABASE_URL"], "SELECT current_database()")
-    assert db == _services.TEST_DATABASE
+    assert db == test_services.TEST_DATABASE
     config.cleanups[1]()  # drops the session database again
     gone = f"SELECT count(*) FROM pg_database WHERE datname = '{db}'"
     assert _query(servers.database_url, gone, "postgres") == 0

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from memory_core.devservices.ports import free_port
 from memory_core.events import (
     EVENT_FIELDS,
     MAX_ERROR_CHARS,
@@ -46,10 +47,10 @@ def r() -> Iterator[redis.Redis]:
 
 
 @pytest.fixture
-def stream(r: redis.Redis) -> Iterator[str]:
-    name = f"test:events:{uuid4().hex}"
-    yield name
-    r.delete(name, f"{name}:dead")
+def stream(events_stream: str) -> str:
+    """The test's own stream (fixture `events_stream`: deleted afterwards, with its dead-letter
+    stream), under the short name this module uses throughout."""
+    return events_stream
 
 
 def _raw(r: redis.Redis, stream: str) -> list[tuple[str, dict[str, str]]]:
@@ -137,13 +138,6 @@ def test_approximate_maxlen_trims_a_flooded_stream(r: redis.Redis, stream: str) 
     assert newest["thread_id"] == "999"  # trimming drops the oldest entries
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-    return port
-
-
 def _down_client(port: int) -> redis.Redis:
     return redis.Redis(
         host="127.0.0.1",
@@ -155,7 +149,7 @@ def _down_client(port: int) -> redis.Redis:
 
 
 def test_emit_never_raises_when_redis_is_down(caplog: pytest.LogCaptureFixture) -> None:
-    client = _down_client(_free_port())  # nothing listens there: connection refused
+    client = _down_client(free_port())  # nothing listens there: connection refused
     with caplog.at_level(logging.DEBUG, logger="memory_core"):
         assert emit_event(client, MEMORY_SUMMARIZATION_FAILED, thread_id="t", stream="s") is None
     [record] = caplog.records

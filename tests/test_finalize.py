@@ -1,4 +1,5 @@
-"""save_session_to_thread_safe on real Postgres + Redis: invariants 1, 2, 4, 7 and 8."""
+"""save_session_to_thread_safe on real Postgres + Redis: exactly once per turn, seq in order
+without gaps, Postgres before any cache write, owner only, artifacts derived once at finalize."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from sqlalchemy import func, select
 from memory_core import ConversationContext, RedisConversationMemory, save_session_to_thread_safe
 from memory_core.db import session_scope
 from memory_core.models import ConversationThread, ThreadMessage
-from tests.conftest import make_snapshot
+from tests.support.snapshots import make_snapshot
 
 
 def _rows(thread_id: uuid.UUID) -> list[ThreadMessage]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -14,18 +13,12 @@ from sqlalchemy import select, update
 from memory_core import RedisConversationMemory, save_session_to_thread_safe
 from memory_core.context import Exchange
 from memory_core.db import session_scope
+from memory_core.devservices.fake_llm import FakeLLMServer
 from memory_core.folding import ARTIFACT_TAIL_MARKER, Folder, backoff_delay
 from memory_core.models import ConversationThread
 from memory_core.settings import Settings
 from memory_core.summarizer import ConversationSummarizer
-from tests.conftest import make_snapshot
-from tests.fakes.llm_server import FakeLLMServer
-
-
-@pytest.fixture
-def llm() -> Iterator[FakeLLMServer]:
-    with FakeLLMServer(delay_s=3.0) as server:
-        yield server
+from tests.support.snapshots import make_snapshot
 
 
 def _settings(llm: FakeLLMServer | None, **extra: Any) -> Settings:

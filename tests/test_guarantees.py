@@ -23,15 +23,15 @@ from memory_core import (
     save_session_to_thread_safe,
 )
 from memory_core.db import session_scope
+from memory_core.devservices.fake_llm import FakeLLMServer
 from memory_core.folding import Folder
 from memory_core.models import ConversationThread, ThreadMessage
 from memory_core.redis_client import make_redis
 from memory_core.settings import Settings, get_settings
 from memory_core.summarizer import ConversationSummarizer
 from memory_core.tokens import count_tokens
-from tests.conftest import make_snapshot
-from tests.fakes.llm_server import FakeLLMServer
 from tests.support.faults import FaultyRedis, postgres_role
+from tests.support.snapshots import make_snapshot
 
 OWNER = "user-42"
 

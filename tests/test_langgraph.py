@@ -7,12 +7,9 @@ The checkpointer keeps one *run* (pause/resume across processes); conversation m
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -23,13 +20,16 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from langgraph.types import Command
 from sqlalchemy import create_engine, inspect, text
-from sqlalchemy.engine import make_url
 
 import memory_core.models  # noqa: F401
 from examples.analytics_agent.dataset import ensure_dataset
 from examples.analytics_agent.graph import AnalyticsAgent
 from memory_core import RedisConversationMemory, save_session_to_thread_safe
 from memory_core.db import Base, get_engine
+from memory_core.devservices import fake_llm
+from memory_core.devservices.fake_llm import FakeLLMServer
+from memory_core.devservices.poll import wait_for
+from memory_core.devservices.workers import WorkerProcess
 from memory_core.langgraph import (
     CHECKPOINT_SCHEMA,
     CHECKPOINT_TABLES,
@@ -46,12 +46,9 @@ from memory_core.langgraph import (
     setup_checkpointer,
 )
 from memory_core.settings import Settings, get_settings
-from tests.conftest import make_snapshot
-from tests.fakes import llm_server
-from tests.fakes.llm_server import FakeLLMServer
-from tests.workers.harness import run_module
+from tests.support.commands import run_module, run_python
+from tests.support.snapshots import make_snapshot
 
-REPO = Path(__file__).resolve().parents[1]
 Q1 = "What was total revenue in 2025, excluding returns?"
 
 
@@ -112,35 +109,13 @@ def test_helpers_import_without_the_extra() -> None:
         "try:\n    lg.setup_checkpointer('postgresql://u@h/db')\n"
         "except ImportError as exc:\n    print(exc)\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
-    )
+    out = run_python("-c", code)
+    assert out.returncode == 0, out.stderr
     assert "pip install '.[langgraph]'" in out.stdout
 
 
-@pytest.fixture
-def scratch_db() -> Iterator[str]:
-    base = make_url(get_settings().database_url)
-    name = f"am_lg_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(base.set(database="postgres"), isolation_level="AUTOCOMMIT")
-    with admin.connect() as c:
-        c.execute(text(f'CREATE DATABASE "{name}"'))
-    yield base.set(database=name).render_as_string(hide_password=False)
-    with admin.connect() as c:
-        c.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
-    admin.dispose()
-
-
 def test_migrate_sets_up_the_checkpointer_in_its_own_schema_without_drift(scratch_db: str) -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "memory_core.cli", "migrate"],
-        cwd=REPO,
-        env={**os.environ, "DATABASE_URL": scratch_db},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    out = run_module("memory_core.cli", "migrate", env={"DATABASE_URL": scratch_db})
     assert out.returncode == 0, out.stderr
     assert f"LangGraph checkpointer tables ready in schema {CHECKPOINT_SCHEMA}" in out.stdout
     setup_checkpointer(scratch_db)  # idempotent
@@ -212,18 +187,13 @@ def test_node_factories_in_a_minimal_graph(memory: RedisConversationMemory) -> N
     assert [t["seq"] for t in outcomes[1]["conversation_context"]["recent"]] == [1]
 
 
-def test_finalize_enqueue_runs_on_a_worker(tmp_path: Path) -> None:
-    from tests.workers.harness import WorkerProcess, wait_for
-
+def test_finalize_enqueue_runs_on_a_worker(start_worker: Callable[..., WorkerProcess]) -> None:
     tid, owner = str(uuid.uuid4()), f"lg-{uuid.uuid4().hex[:6]}"
     env = {"MEMORY_WORKER_SOFT_SHUTDOWN_S": "1"}
-    worker = WorkerProcess(tmp_path, queues="memory.finalize", concurrency=1, env=env).start()
-    try:
-        sent = finalize_turn(make_snapshot(tid, 1, owner_id=owner), mode="enqueue")
-        assert sent["status"] == "enqueued" and sent["task_id"]
-        wait_for(lambda: turns(tid), 30, "the enqueued turn to land", worker.log)
-    finally:
-        worker.terminate(30)
+    worker = start_worker(queues="memory.finalize", concurrency=1, env=env)
+    sent = finalize_turn(make_snapshot(tid, 1, owner_id=owner), mode="enqueue")
+    assert sent["status"] == "enqueued" and sent["task_id"]
+    wait_for(lambda: turns(tid), 30, "the enqueued turn to land", worker.log)
 
 
 def test_pause_here_resume_in_another_process(checkpointer: Any) -> None:
@@ -273,7 +243,7 @@ def test_the_llm_writes_sql_from_the_sql_view(
     first = make_snapshot(tid, 25, owner_id=owner, user_query=Q1)
     assert save_session_to_thread_safe(first, memory=memory).ok
     llm_sql = "SELECT region, SUM(revenue) AS revenue FROM sales GROUP BY region"
-    monkeypatch.setattr(llm_server, "deterministic_summary", lambda body: llm_sql)
+    monkeypatch.setattr(fake_llm, "deterministic_summary", lambda body: llm_sql)
     with FakeLLMServer() as llm:
         s = get_settings().model_copy(
             update={"openai_base_url": llm.base_url, "openai_api_key": "sk-test"}

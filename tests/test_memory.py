@@ -10,7 +10,7 @@ from sqlalchemy import update
 from memory_core import RedisConversationMemory, ThreadNotFound, save_session_to_thread_safe
 from memory_core.db import session_scope
 from memory_core.models import ConversationThread
-from tests.conftest import make_snapshot
+from tests.support.snapshots import make_snapshot
 
 
 def _thread(memory: RedisConversationMemory, turns: int, owner: str = "user-42") -> uuid.UUID:
@@ -58,7 +58,8 @@ def test_rehydrated_context_has_stored_summary_and_only_unfolded_turns(
     assert ctx.summary == "Goal: revenue by region, returns excluded."
     assert ctx.summary_through_seq == 5
     assert [e.seq for e in ctx.recent] == list(range(6, 16))
-    # The next save carries the new cursor into the copy: coverage holds (invariant 3).
+    # The next save carries the new cursor into the copy: coverage holds (every turn is
+    # either covered by the summary or verbatim in the copy).
     save_session_to_thread_safe(make_snapshot(tid, 16), memory=memory)
     ctx2 = memory.get_context(tid, "user-42")
     assert ctx2.summary_through_seq == 5 and [e.seq for e in ctx2.recent] == list(range(6, 17))

@@ -2,35 +2,15 @@
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
-
-import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import create_engine, inspect, text
-from sqlalchemy.engine import make_url
+from sqlalchemy import create_engine, inspect
 
 import memory_core.models  # noqa: F401
 from memory_core.db import Base
 from memory_core.migrate import alembic_config, downgrade, upgrade
 from memory_core.settings import get_settings
-
-
-@pytest.fixture
-def scratch_db() -> Iterator[str]:
-    """A throwaway database so migrating down never disturbs the shared test schema."""
-    base = make_url(get_settings().database_url)
-    name = f"am_migr_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(base.set(database="postgres"), isolation_level="AUTOCOMMIT")
-    with admin.connect() as c:
-        c.execute(text(f'CREATE DATABASE "{name}"'))
-    url = base.set(database=name).render_as_string(hide_password=False)
-    yield url
-    with admin.connect() as c:
-        c.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
-    admin.dispose()
 
 
 def test_single_head() -> None:

@@ -51,6 +51,8 @@ from memory_core import (
     save_session_to_thread_safe,
 )
 from memory_core.db import session_scope
+from memory_core.devservices.fake_llm import FakeLLMServer
+from memory_core.devservices.ports import free_port
 from memory_core.folding import Folder
 from memory_core.models import ConversationThread, ThreadMessage
 from memory_core.redis_client import make_redis
@@ -59,15 +61,13 @@ from memory_core.summarizer import ConversationSummarizer
 from memory_core.summary_tail import stored_summary_bound
 from memory_core.tokens import count_tokens
 from memory_core.views import FOCUSES, render_exchange
-from tests.conftest import make_snapshot
-from tests.fakes.langfuse_server import closed_port
-from tests.fakes.llm_server import FakeLLMServer
 from tests.support.faults import (
     FaultyRedis,
     RowLock,
     engine_with_lock_timeout,
     terminate_backends,
 )
+from tests.support.snapshots import make_snapshot
 
 APP = f"memory-model-{os.getpid()}"
 THRESHOLD, RECENT = 4, 2
@@ -114,7 +114,7 @@ def world(faulty_redis: FaultyRedis) -> Iterator[World]:
         "database_url": database_url,
         "redis_url": server.url,
         # Folds are run by the test itself: publishing meets a closed port, fast.
-        "celery_broker_url": f"redis://127.0.0.1:{closed_port()}/0",
+        "celery_broker_url": f"redis://127.0.0.1:{free_port()}/0",
         "langfuse_public_key": None,
         "langfuse_secret_key": None,
         "memory_llm_timeout_s": 5.0,
@@ -141,7 +141,7 @@ def world(faulty_redis: FaultyRedis) -> Iterator[World]:
             ),
             engine=engine,
             lock=RowLock(database_url),
-            dead_redis_url=f"redis://127.0.0.1:{closed_port()}/0",
+            dead_redis_url=f"redis://127.0.0.1:{free_port()}/0",
         )
         try:
             yield world

@@ -7,7 +7,7 @@ import uuid
 from memory_core import RedisConversationMemory, save_session_to_thread_safe
 from memory_core.db import session_scope
 from memory_core.models import ConversationThread, ThreadMessage
-from tests.conftest import make_snapshot
+from tests.support.snapshots import make_snapshot
 
 
 def test_history_newest_first_paginated_archived_hidden(memory: RedisConversationMemory) -> None:

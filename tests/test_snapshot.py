@@ -14,7 +14,7 @@ from sqlalchemy import func, select
 from memory_core import TurnSnapshot, save_session_to_thread_safe
 from memory_core.db import session_scope
 from memory_core.models import ConversationThread, ThreadMessage
-from tests.conftest import make_snapshot
+from tests.support.snapshots import make_snapshot
 
 BAD: list[tuple[str, dict[str, Any]]] = [
     ("session_id", {"session_id": None}),
@@ -80,6 +80,7 @@ def test_missing_required_fields_are_named() -> None:
 
 
 def test_architecture_example_is_accepted() -> None:
+    """The example snapshot of docs/ARCHITECTURE.md (and the README) validates."""
     snap = TurnSnapshot.model_validate(
         {
             "session_id": "1b4e28ba-2fa1-11d2-883f-0016d3cca427",

@@ -15,6 +15,9 @@ from langfuse._client.resource_manager import LangfuseResourceManager
 
 from memory_core.artifacts import derive_artifacts
 from memory_core.context import Exchange
+from memory_core.devservices.fake_llm import FakeLLMServer
+from memory_core.devservices.poll import wait_for
+from memory_core.devservices.ports import free_port
 from memory_core.prompts import langfuse_prompt
 from memory_core.settings import Settings
 from memory_core.summarizer import (
@@ -24,7 +27,7 @@ from memory_core.summarizer import (
     validate_summary,
 )
 from memory_core.tokens import count_tokens
-from tests.fakes import FakeLangfuseServer, FakeLLMServer, HangingServer, closed_port
+from tests.support.fake_langfuse import FakeLangfuseServer, HangingServer
 
 THREAD = "6fa459ea-ee8a-3ca4-894e-db77e160355e"
 MODEL = "fake-summarizer-1"
@@ -57,12 +60,6 @@ def public_key() -> Iterator[str]:
         manager.shutdown()
         if manager.tracer_provider is not None:
             manager.tracer_provider.shutdown()
-
-
-@pytest.fixture
-def llm() -> Iterator[FakeLLMServer]:
-    with FakeLLMServer() as server:
-        yield server
 
 
 @pytest.fixture
@@ -203,7 +200,7 @@ def test_langfuse_failure_falls_back_to_builtin(
         "401": langfuse.base_url,
         "404": langfuse.base_url,
         "500": langfuse.base_url,
-        "unreachable": f"http://127.0.0.1:{closed_port()}",
+        "unreachable": f"http://127.0.0.1:{free_port()}",
         "hanging": hanging.base_url,
     }[failure]
     if failure in ("401", "404", "500"):
@@ -302,7 +299,7 @@ def test_llm_failures_raise_summarization_error(
 
 def test_llm_unreachable_raises_summarization_error() -> None:
     settings = make_settings(
-        openai_base_url=f"http://127.0.0.1:{closed_port()}/v1", openai_api_key="sk-test"
+        openai_base_url=f"http://127.0.0.1:{free_port()}/v1", openai_api_key="sk-test"
     )
     with pytest.raises(SummarizationError, match="unreachable"):
         summarize(ConversationSummarizer(settings))
@@ -417,7 +414,7 @@ def test_generation_traced_to_langfuse(
 ) -> None:
     result = summarize(ConversationSummarizer(lf_settings(llm, public_key, langfuse.base_url)))
 
-    assert langfuse.wait_for(lambda: bool(langfuse.generations()))
+    wait_for(langfuse.generations, 15, "a generation exported to Langfuse", interval_s=0.05)
     attrs = langfuse.generations()[0]["attributes"]
     assert attrs["langfuse.observation.model.name"] == MODEL
     usage = json.loads(attrs["langfuse.observation.usage_details"])
@@ -437,7 +434,7 @@ def test_failed_llm_call_traced_as_error(
     with pytest.raises(SummarizationError):
         summarize(ConversationSummarizer(lf_settings(llm, public_key, langfuse.base_url)))
 
-    assert langfuse.wait_for(lambda: bool(langfuse.generations()))
+    wait_for(langfuse.generations, 15, "a generation exported to Langfuse", interval_s=0.05)
     attrs = langfuse.generations()[0]["attributes"]
     assert attrs["langfuse.observation.level"] == "ERROR"
     assert "LLM HTTP 500" in attrs["langfuse.observation.status_message"]

@@ -136,12 +136,12 @@ def _rss_mib() -> float:
 
 def _child(settings_json: str, turns: int) -> None:
     """What a fold worker does, `turns` times, with distinct long texts; prints RSS figures."""
-    from memory_core.bench.workers import FakeLLM
+    from memory_core.devservices.fake_llm import FakeLLMServer
     from memory_core.folding import Folder
     from memory_core.summarizer import ConversationSummarizer
     from memory_core.views import render_conversation_context
 
-    llm = FakeLLM()
+    llm = FakeLLMServer().start()
     s = Settings.model_validate_json(settings_json).model_copy(
         update={
             "openai_base_url": llm.base_url,

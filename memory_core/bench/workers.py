@@ -20,17 +20,11 @@ import json
 import os
 import re
 import shutil
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from statistics import median
 from typing import Any
@@ -50,12 +44,14 @@ from memory_core.bench.core import (
     _snapshot,
 )
 from memory_core.conversation_memory import RedisConversationMemory
+from memory_core.devservices.fake_llm import FakeLLMServer
+from memory_core.devservices.poll import wait_for
+from memory_core.devservices.workers import WorkerProcess
 from memory_core.fold_publisher import (
     FINALIZE_QUEUE,
     FINALIZE_TASK,
     FOLD_QUEUE,
     FOLD_TASK,
-    WORKER_APP,
 )
 from memory_core.folding import Folder
 from memory_core.redis_client import make_redis
@@ -70,48 +66,10 @@ MAX_THREADS, PRELOAD, TURNS_PER_THREAD = 100, 20, 20
 THRESHOLD, RECENT = 20, 10  # the documented fold arithmetic, fixed for the bench
 LONG_THREAD, EARLY, LATE, LANGCHAIN_CALLS = 300, 30, 300, 80
 POLL_S = 0.02
-WORKER_ARGS = f"-A {WORKER_APP} worker -I memory_core.bench.tasks -Q {FINALIZE_QUEUE},{FOLD_QUEUE} "
-WORKER_ARGS += "-c 2 --pool prefork "
-WORKER_ARGS += "--prefetch-multiplier 1 -l INFO --without-gossip --without-mingle"
 _THREAD = """INSERT INTO conversation_threads
   (id, owner_id, agent_type, title, summary, summary_through_seq, last_seq)
 VALUES (%(id)s, %(owner)s, 'chat', 'bench', %(summary)s, %(through)s, %(n)s)"""
 _SUCCEEDED = re.compile(r"Task (\S+)\[[^\]]+\] succeeded in ([0-9.e-]+)s")
-
-
-class _LLMHandler(BaseHTTPRequestHandler):
-    server: FakeLLM
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
-        self.server.requests.append(body)
-        texts = [str(m.get("content") or "") for m in body.get("messages") or []]
-        asked = [ln[6:] for t in texts for ln in t.splitlines() if ln.startswith("User: ")]
-        content = f"Running summary of the analysis. The user asked: {'; '.join(asked)}."
-        choice = {"index": 0, "message": {"role": "assistant", "content": content}}
-        answer = {"id": "chatcmpl-bench", "object": "chat.completion", "created": 0, "model": "x"}
-        data = json.dumps(answer | {"choices": [choice | {"finish_reason": "stop"}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-
-class FakeLLM(ThreadingHTTPServer):
-    """Minimal OpenAI-compatible chat completions on 127.0.0.1; records every request body."""
-
-    daemon_threads = True
-
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _LLMHandler)
-        self.requests: list[dict[str, Any]] = []
-        self.base_url = f"http://127.0.0.1:{self.server_address[1]}/v1"
-        threading.Thread(target=self.serve_forever, args=(0.05,), daemon=True).start()
 
 
 class _WorkersBench:
@@ -146,10 +104,24 @@ class _WorkersBench:
         self.app = celery.Celery("agent-memory-bench", set_as_current=False)
         self.app.conf.update(broker_read_url=broker_url, broker_write_url=broker_url)
         self.tmp = Path(tempfile.mkdtemp(prefix="agent-memory-benchw-"))
-        self.llm = FakeLLM()
-        self.log_path = self.tmp / "worker.log"
-        self.hostname = f"benchw{tag[:6]}@{socket.gethostname()}"
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.llm = FakeLLMServer().start()
+        self.worker = WorkerProcess(
+            self.tmp,
+            name=f"benchw{tag[:6]}",
+            extra_args=["-I", "memory_core.bench.tasks"],
+            env=self._worker_env(),
+        )
+
+    def _worker_env(self) -> dict[str, str]:
+        database_url, redis_url, broker_url = self.urls
+        env = {"DATABASE_URL": database_url, "REDIS_URL": redis_url}
+        env |= {"CELERY_BROKER_URL": broker_url, "MEMORY_EVENTS_STREAM": self.stream}
+        env |= {"OPENAI_BASE_URL": self.llm.base_url, "OPENAI_API_KEY": "sk-bench"}
+        env |= {"LANGFUSE_PUBLIC_KEY": "", "LANGFUSE_SECRET_KEY": ""}
+        env |= {"MEMORY_KEY_PREFIX": self.settings.memory_key_prefix, "MEMORY_TTL_HOURS": "1"}
+        env |= {"MEMORY_COMPRESSION_THRESHOLD": str(THRESHOLD)}
+        env |= {"MEMORY_MAX_RECENT_MESSAGES": str(RECENT), "MEMORY_WORKER_SOFT_SHUTDOWN_S": "1"}
+        return env
 
     def _sql(self, sql: str, params: Any = None) -> Any:
         with self.pg.cursor() as cur:
@@ -158,16 +130,9 @@ class _WorkersBench:
 
     def close(self) -> None:
         try:
-            if self.proc is not None and self.proc.poll() is None:
-                self.proc.send_signal(signal.SIGTERM)
-                try:
-                    self.proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(self.proc.pid, signal.SIGKILL)  # its own process group
-                    self.proc.wait(10)
+            self.worker.stop(30)
         finally:
-            self.llm.shutdown()
-            self.llm.server_close()
+            self.llm.stop()
             self._sql("DELETE FROM conversation_threads WHERE owner_id = %s", [self.owner])
             self.pg.close()
             keys = [k for t in self.threads for k in self.memory.copy.keys(t)]
@@ -225,9 +190,9 @@ class _WorkersBench:
         return int(self._sql(sql, [[str(t) for t in self.loaded]])[0])
 
     def _noop_total(self) -> int:
-        inspect = self.app.control.inspect([self.hostname], 5.0, limit=1)
-        stats = inspect.stats() or {}
-        return int(stats.get(self.hostname, {}).get("total", {}).get(NOOP_TASK, 0))
+        hostname = self.worker.hostname
+        stats = self.app.control.inspect([hostname], 5.0, limit=1).stats() or {}
+        return int(stats.get(hostname, {}).get("total", {}).get(NOOP_TASK, 0))
 
     def _noops_done(self, expected: int, seen: list[float]) -> Callable[[], bool]:
         """Nothing queued or unacked (acks_late: acked after it ran) and the worker's count has
@@ -239,21 +204,15 @@ class _WorkersBench:
 
         return done
 
-    def tail(self) -> str:
-        return self.log_path.read_text(errors="replace")[-4000:]
-
     def wait(self, pred: Callable[[], bool], timeout_s: float, what: str) -> float:
-        """Poll until pred() holds; the perf_counter time it was first seen to hold."""
-        deadline = time.monotonic() + timeout_s
-        while not pred():
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"bench worker exited ({self.proc.returncode}):\n{self.tail()}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"timed out after {timeout_s:.0f}s waiting for {what} (lost jobs? a "
-                    f"flushed broker database?)\n{self.tail()}"
-                )
-            time.sleep(POLL_S)
+        """Poll until pred() holds; the perf_counter time it was seen to hold."""
+
+        def held() -> bool:
+            self.worker.check()  # a worker that died fails the bench at once
+            return pred()
+
+        what += " (lost jobs? a flushed broker database?)"
+        wait_for(held, timeout_s, what, lambda: self.worker.log()[-4000:], interval_s=POLL_S)
         return time.perf_counter()
 
     def _start_worker(self) -> None:
@@ -262,20 +221,7 @@ class _WorkersBench:
                 "the bench worker needs a broker of its own (e.g. a throwaway `redis-server "
                 "--port 6391`): this one has workers or queued jobs"
             )
-        database_url, redis_url, broker_url = self.urls
-        env = {**os.environ, "DATABASE_URL": database_url, "REDIS_URL": redis_url}
-        env |= {"CELERY_BROKER_URL": broker_url, "MEMORY_EVENTS_STREAM": self.stream}
-        env |= {"OPENAI_BASE_URL": self.llm.base_url, "OPENAI_API_KEY": "sk-bench"}
-        env |= {"LANGFUSE_PUBLIC_KEY": "", "LANGFUSE_SECRET_KEY": "", "PYTHONUNBUFFERED": "1"}
-        env |= {"MEMORY_KEY_PREFIX": self.settings.memory_key_prefix, "MEMORY_TTL_HOURS": "1"}
-        env |= {"MEMORY_COMPRESSION_THRESHOLD": str(THRESHOLD)}
-        env |= {"MEMORY_MAX_RECENT_MESSAGES": str(RECENT), "MEMORY_WORKER_SOFT_SHUTDOWN_S": "1"}
-        argv = [sys.executable, "-m", "celery", *WORKER_ARGS.split(), "-n", self.hostname]
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        self.wait(lambda: " ready." in self.tail(), 60, "the worker to start")
+        self.worker.start()
 
     def _preload(self, count: int, *, phased: bool) -> list[uuid.UUID]:
         """Threads of PRELOAD turns (bulk insert, warm copies) with 10 + phase unfolded turns:
@@ -326,7 +272,7 @@ class _WorkersBench:
             return lambda: self._rows() >= want
 
         self.wait(lambda: landed(rows)() and drained(), 120, "warm-up jobs")
-        log_from, llm_from = self.log_path.stat().st_size, len(self.llm.requests)
+        log_from, llm_from = self.worker.log_path.stat().st_size, len(self.llm.requests)
         cut = [self.jobs * q // 4 for q in range(5)]
         spent = {"finalize": 0.0, "noop": 0.0, "drain": 0.0}
         limit = 60 + self.jobs / 20
@@ -345,7 +291,7 @@ class _WorkersBench:
                 t1 = seen[0]
             spent["finalize" if side == "F" else "noop"] += t1 - t0
         times: dict[str, list[float]] = {FINALIZE_TASK: [], FOLD_TASK: [], NOOP_TASK: []}
-        with self.log_path.open("rb") as f:
+        with self.worker.log_path.open("rb") as f:
             f.seek(log_from)
             for m in _SUCCEEDED.finditer(f.read().decode(errors="replace")):
                 times.setdefault(m.group(1), []).append(1000 * float(m.group(2)))
@@ -378,7 +324,7 @@ def bench_workers(
         with _json_logs_to_devnull():
             calls, folds = bench.fold_arithmetic()
             r = bench.throughput()
-        versions = bench.versions()
+        versions, worker_command = bench.versions(), bench.worker.command
     finally:
         bench.close()
     early = min(folds, key=lambda t: (abs(t - EARLY), t))
@@ -399,7 +345,7 @@ def bench_workers(
         f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC · jobs={jobs} over {bench.n_threads} threads "
         f"· wall {r['wall_s']:.1f} s",
         f"{_machine()} · {versions}",
-        f"worker: celery {WORKER_ARGS}; folds call a local fake OpenAI-compatible LLM that "
+        f"worker: {worker_command}; folds call a local fake OpenAI-compatible LLM that "
         "answers at once",
         "",
         "| figure | value | raw limit / reference (same run) | value | ratio | goal | verdict |",

@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
-import socket
-import subprocess
 import sys
 import time
 import uuid
@@ -38,24 +35,24 @@ from memory_core.context import ConversationContext
 from memory_core.conversation_memory import RedisConversationMemory
 from memory_core.db import get_engine, reset_engines
 from memory_core.devservices import DevServices, ensure_services
+from memory_core.devservices.poll import WaitTimeout, wait_for
+from memory_core.devservices.ports import free_port
+from memory_core.devservices.workers import QUEUES, WorkerProcess
 from memory_core.events import MEMORY_SUMMARIZATION_FAILED as FOLD_FAILED
 from memory_core.events import MEMORY_SUMMARIZED as FOLDED
 from memory_core.events import Event, EventConsumer, format_event, routine_stream
-from memory_core.fold_publisher import WORKER_APP
 from memory_core.migrate import upgrade
 from memory_core.redis_client import make_redis
 from memory_core.settings import Settings
 from memory_core.tokens import count_tokens
 from memory_core.views import render_conversation_context
 
-REPO = Path(__file__).resolve().parent.parent
 BUDGET = 1000  # tokens per node view
 # Summary bound for the demo's workers: the LLM-free fold fills its whole bound (default 1500
 # tokens), which would leave no room for recent exchanges in an 800-token view. An explicit
 # MEMORY_SUMMARY_MAX_TOKENS wins.
 DEMO_BOUND = "400"
 BROKER_DB = 2  # dedicated broker db, unless CELERY_BROKER_URL is set explicitly
-QUEUES = ("memory.finalize", "memory.fold")
 LLM_FREE = (
     "summaries: LLM-free deterministic fold (set OPENAI_BASE_URL/OPENAI_API_KEY to use an LLM)"
 )
@@ -75,40 +72,6 @@ def _first_line(exc: BaseException) -> str:
     return line if isinstance(exc, DemoError) else f"{type(exc).__name__}: {line}"
 
 
-class Worker:
-    """A Celery worker on both memory queues, in its own process group."""
-
-    def __init__(self, name: str, log_path: Path, env: dict[str, str]) -> None:
-        self.name, self.log_path, self.stopped = name, log_path, False
-        argv = [sys.executable, "-m", "celery", "-A", WORKER_APP, "worker", "-Q"]
-        argv += [",".join(QUEUES), "-c", "2", "--pool", "prefork", "-l", "INFO", "-n"]
-        argv += [f"{name}@%h", "--without-gossip", "--without-mingle", "--prefetch-multiplier=1"]
-        with log_path.open("wb") as log:  # own session: a Ctrl-C reaches only the demo
-            self.proc = subprocess.Popen(
-                argv, cwd=REPO, env=env, stdout=log, stderr=log, start_new_session=True
-            )
-
-    def check(self) -> None:
-        code = self.proc.poll()
-        if code is not None and not self.stopped:
-            raise DemoError(f"worker {self.name} exited with code {code}; see {self.log_path}")
-
-    def ready(self) -> bool:
-        self.check()
-        return " ready." in self.log_path.read_text(errors="replace")
-
-    def stop(self, timeout_s: float = 30) -> None:
-        """SIGTERM (warm shutdown), then wait; SIGKILL the group if it hangs."""
-        self.stopped = True
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-
-
 class Demo:
     memory: RedisConversationMemory  # these three are set by setup()
     engine: Engine
@@ -119,7 +82,7 @@ class Demo:
         self.run_id = uuid.uuid4().hex[:8]
         self.stream = f"memory:events:demo:{self.run_id}"
         self.services: DevServices | None = None
-        self.workers: list[Worker] = []
+        self.workers: list[WorkerProcess] = []
         self.settings = Settings()
         self.thread_id = uuid.uuid4()
         self.last_events: dict[str, str] = {}
@@ -237,9 +200,7 @@ class Demo:
         out.rule("[bold]a fold against an unreachable LLM")
         for w in self.workers:
             w.stop()
-        with socket.socket() as sock:  # a port nothing listens on
-            sock.bind(("127.0.0.1", 0))
-            llm = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+        llm = f"http://127.0.0.1:{free_port()}/v1"  # a port nothing listens on
         out.print(f"stopped the worker; starting another with OPENAI_BASE_URL={llm} (closed port)")
         env = {"OPENAI_BASE_URL": llm, "OPENAI_API_KEY": "dummy", "MEMORY_LLM_TIMEOUT_S": "2"}
         self.start_worker({**env, "LANGFUSE_PUBLIC_KEY": "", "LANGFUSE_SECRET_KEY": ""})
@@ -286,13 +247,13 @@ class Demo:
         env |= dict(OPENAI_BASE_URL=s.openai_base_url or "", OPENAI_API_KEY=s.openai_api_key or "")
         env |= {"MEMORY_SUMMARY_MAX_TOKENS": self.bound, **extra}
         name = f"demo-{self.run_id}-{len(self.workers) + 1}"
-        worker = Worker(name, self.data_dir / f"worker-{name}.log", env)
+        worker = WorkerProcess(self.data_dir, name=name, env=env)
         self.workers.append(worker)
         t0 = time.monotonic()
-        self.wait(f"worker {name} to be ready", worker.ready, 60)
+        worker.start()
         self.out.print(
-            f"worker {name} ready in {time.monotonic() - t0:.1f}s (pid {worker.proc.pid}; "
-            f"queues {','.join(QUEUES)}; 2 prefork children)"
+            f"worker {name} ready in {time.monotonic() - t0:.1f}s (pid {worker.pid}; "
+            f"queues {QUEUES}; 2 prefork children)"
         )
 
     def send(self, tid: uuid.UUID, turn: Turn, agent_type: str) -> None:
@@ -327,19 +288,20 @@ class Demo:
         return None
 
     def wait(self, what: str, check: Callable[[], T | None], timeout_s: float) -> T:
-        deadline = time.monotonic() + timeout_s
-        while not (value := check()):
+        def checked() -> T | None:
             for w in self.workers:
-                w.check()
-            if time.monotonic() > deadline:
-                logs = ", ".join(str(w.log_path) for w in self.workers) or "no worker started"
-                raise DemoError(f"timed out after {timeout_s:.0f}s waiting for {what} ({logs})")
-            time.sleep(0.02)
-        return value
+                w.check()  # a worker that died fails the demo at once
+            return check()
+
+        try:
+            return wait_for(checked, timeout_s, what, interval_s=0.02)
+        except WaitTimeout as exc:
+            logs = ", ".join(str(w.log_path) for w in self.workers) or "no worker started"
+            raise DemoError(f"{exc} ({logs})") from None
 
     def purge(self) -> int:
         with self.producer.connection_for_write() as conn:
-            return sum(int(conn.default_channel.queue_purge(q) or 0) for q in QUEUES)
+            return sum(int(conn.default_channel.queue_purge(q) or 0) for q in QUEUES.split(","))
 
     def stop(self) -> list[str]:
         """Stop what this run started (workers first, private servers last); the errors."""
@@ -361,7 +323,7 @@ class Demo:
             except Exception as exc:
                 errors.append(f"stopping {what}: {_first_line(exc)}")
         for w in self.workers:
-            self.out.print(f"stopped worker {w.name} (exit code {w.proc.returncode})")
+            self.out.print(f"stopped worker {w.name} (exit code {w.exit_code})")
         if self.services is not None and self.services.started:
             self.out.print("stopped the private PostgreSQL/Redis this demo started")
         return errors

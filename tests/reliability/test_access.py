@@ -24,13 +24,13 @@ from memory_core import (
     save_session_to_thread_safe,
 )
 from memory_core.db import session_scope
+from memory_core.devservices.ports import free_port
 from memory_core.models import ConversationThread, ThreadMessage
 from memory_core.redis_client import make_redis
-from tests.conftest import make_snapshot
-from tests.fakes.langfuse_server import closed_port
-from tests.reliability import figures
-from tests.reliability.conftest import Stack
-from tests.workers.harness import run_module
+from tests.support import figures
+from tests.support.commands import run_module
+from tests.support.services import Stack
+from tests.support.snapshots import make_snapshot
 
 pytestmark = [pytest.mark.reliability, pytest.mark.timeout(240)]
 
@@ -94,7 +94,7 @@ def test_a_thread_is_never_returned_to_another_owner(stack: Stack) -> None:
     assert [e.seq for e in own.recent] == list(range(1, 26))
     for focus in ("brief", "sql", "visualizations"):
         assert "Revenue by region" in render_conversation_context(own, focus)  # type: ignore[arg-type]
-    dead = RedisConversationMemory(make_redis(f"redis://127.0.0.1:{closed_port()}/0"))
+    dead = RedisConversationMemory(make_redis(f"redis://127.0.0.1:{free_port()}/0"))
     checks = 0
     # Each stranger, against a cached copy, an expired one, and with Redis down.
     for stranger in STRANGERS:

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -38,13 +36,17 @@ from memory_core import (
 )
 from memory_core.artifacts import indent_block, one_line
 from memory_core.db import session_scope
+from memory_core.devservices.poll import wait_for
+from memory_core.devservices.workers import WorkerProcess
 from memory_core.events import EventConsumer
 from memory_core.models import ConversationThread, ThreadMessage
 from memory_core.redis_client import make_redis
-from tests.conftest import make_snapshot
-from tests.reliability import figures
-from tests.reliability.conftest import Stack, landed, wait_until
-from tests.workers.harness import REPO, WorkerProcess, send_finalize
+from tests.support import figures
+from tests.support.commands import run_module
+from tests.support.services import Stack
+from tests.support.snapshots import make_snapshot
+from tests.support.state import landed
+from tests.support.workers import send_finalize
 
 pytestmark = [pytest.mark.reliability, pytest.mark.timeout(300)]
 
@@ -317,7 +319,7 @@ def test_generated_bad_payloads_through_the_core_and_a_worker(
         return len(events) >= len(sent)
 
     started = time.monotonic()
-    wait_until(drain, 180, f"{len(sent)} rejection events", w.log, 0.2)
+    wait_for(drain, 180, f"{len(sent)} rejection events", w.log, 0.2)
     worker_s = time.monotonic() - started
     assert len(events) == len(sent)
     assert {e.event for e in events} == {"memory_finalize_rejected"}
@@ -346,7 +348,7 @@ def test_generated_bad_payloads_through_the_core_and_a_worker(
     # Acked and never retried: the worker is alive, its queue empty, and it still works.
     good = make_snapshot(uuid.uuid4(), 1)
     send_finalize(agent, good)
-    wait_until(lambda: landed([good["session_id"]]), 30, "a valid job after the rejects", w.log)
+    wait_for(lambda: landed([good["session_id"]]), 30, "a valid job after the rejects", w.log)
     assert w.alive() and redis.llen("memory.finalize") == 0 and redis.hlen("unacked") == 0
     figures.record(
         "input.1.generated",
@@ -418,7 +420,7 @@ def test_size_limits_exact_is_accepted_one_more_is_rejected(
             }
             if field in stored:
                 assert stored[field] == at_limit[field]
-    wait_until(lambda: landed(jobs) == set(jobs), 60, "the jobs at the limits", w.log)
+    wait_for(lambda: landed(jobs) == set(jobs), 60, "the jobs at the limits", w.log)
     figures.record(
         "input.2.limits",
         scenario="every size limit: the limit accepted, one more rejected",
@@ -602,7 +604,7 @@ def test_hostile_text_in_every_field_round_trips_or_is_rejected(
     jobs = [_everywhere(uuid.uuid4(), text) for text in HOSTILE]
     for snap in jobs:
         send_finalize(agent, snap)
-    wait_until(
+    wait_for(
         lambda: landed(s["session_id"] for s in jobs) == {s["session_id"] for s in jobs},
         60,
         "the hostile jobs",
@@ -612,22 +614,8 @@ def test_hostile_text_in_every_field_round_trips_or_is_rejected(
         _check_round_trip(memory, snap)
     # The command line prints the stored context back, unchanged, as JSON.
     for snap in jobs[:4]:
-        out = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "memory_core.cli",
-                "context",
-                snap["thread_id"],
-                "--owner",
-                snap["owner_id"],
-                "--json",
-            ],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
+        out = run_module(
+            "memory_core.cli", "context", snap["thread_id"], "--owner", snap["owner_id"], "--json"
         )
         assert out.returncode == 0, out.stderr
         ctx = json.loads(out.stdout)

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from kombu import Connection, Exchange, Queue
 
-from tests.reliability.conftest import Stack
+from tests.support.services import Stack
 
 pytestmark = [pytest.mark.reliability, pytest.mark.timeout(120)]
 

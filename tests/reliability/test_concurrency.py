@@ -16,13 +16,15 @@ from typing import Any
 import pytest
 
 from memory_core import RedisConversationMemory, save_session_to_thread_safe
+from memory_core.devservices.fake_llm import FakeLLMServer
 from memory_core.folding import Folder, FoldOutcome
 from memory_core.settings import Settings
 from memory_core.summarizer import ConversationSummarizer
-from tests.conftest import make_snapshot
-from tests.fakes.llm_server import FakeLLMServer
-from tests.reliability import figures
-from tests.reliability.conftest import Stack, Tally, assert_gapless, thread_rows
+from tests.support import figures
+from tests.support.services import Stack
+from tests.support.snapshots import make_snapshot
+from tests.support.state import stale_copies, thread_rows
+from tests.support.tally import Tally, assert_gapless
 
 pytestmark = [pytest.mark.reliability, pytest.mark.timeout(180)]
 
@@ -48,12 +50,6 @@ def _race(n: int, work: Callable[[int], Any]) -> list[Any]:
 
     with ThreadPoolExecutor(n) as pool:
         return list(pool.map(go, range(n)))
-
-
-def _copy_equals_postgres(memory: RedisConversationMemory, tid: uuid.UUID) -> bool:
-    cached = memory.get_context(tid, "user-42")
-    memory.invalidate(tid)
-    return memory.get_context(tid, "user-42") == cached
 
 
 ROUNDS = 10
@@ -86,7 +82,7 @@ def test_sixteen_concurrent_finalizes_on_one_thread(stack: Stack) -> None:
         ctx = memory.get_context(tid, "user-42")
         assert [e.seq for e in ctx.recent] == list(range(1, 17))
         assert {str(e.session_id) for e in ctx.recent} == {s["session_id"] for s in snaps}
-        assert _copy_equals_postgres(memory, tid)
+        assert not stale_copies([tid], memory)
     lost, duplicated, rows = Tally(sent).check()
     assert (lost, duplicated) == (0, 0)
     assert_gapless(rows)
@@ -150,7 +146,7 @@ def test_two_folds_racing_one_wins_the_other_is_a_noop(stack: Stack, llm: FakeLL
         assert sorted(o.status for o in outs) == ["folded", "lost"]
         row = thread_rows([tid])[tid]
         assert row.summary_through_seq == 11 and (row.summary or "").count("Running summary") == 1
-        assert _copy_equals_postgres(slow_memory, tid)
+        assert not stale_copies([tid], slow_memory)
         races += 1
     figures.record(
         "concurrency.2.folds",
@@ -207,7 +203,7 @@ def test_a_fold_racing_new_turns_keeps_coverage(stack: Stack, llm: FakeLLMServer
         ctx = memory.get_context(tid, "user-42")
         assert ctx.summary_through_seq == 11
         assert [e.seq for e in ctx.recent] == list(range(12, 38))
-        assert _copy_equals_postgres(memory, tid)
+        assert not stale_copies([tid], memory)
         # The next fold takes it from there: nothing skipped, nothing folded twice.
         again = folder.fold(tid)
         assert (again.status, again.through_seq) == ("folded", 27)

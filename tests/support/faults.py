@@ -22,8 +22,8 @@ import redis
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 
-from tests.fakes.langfuse_server import closed_port
-from tests.reliability.services import PrivateRedis
+from memory_core.devservices.ports import free_port
+from tests.support.services import PrivateRedis
 
 
 class FaultyRedis(PrivateRedis):
@@ -53,7 +53,7 @@ class FaultyRedis(PrivateRedis):
 
     def read_only(self) -> None:
         """A demoted primary (as after a failover): writes fail with READONLY."""
-        self.admin.replicaof("127.0.0.1", closed_port())
+        self.admin.replicaof("127.0.0.1", free_port())
         self.state = "readonly"
 
     def close(self) -> None:

@@ -10,7 +10,6 @@ import base64
 import contextlib
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -25,6 +24,7 @@ from kombu.transport.redis import Transport as StockTransport
 from kombu.utils.json import loads
 
 from memory_core.bench.broker import bench_broker
+from memory_core.devservices.poll import wait_for
 from memory_core.settings import get_settings
 from workers.app import make_app
 from workers.broker import Channel as ReliableChannel
@@ -51,14 +51,16 @@ def _publish(url: str, queue: Queue, body: Any, **options: Any) -> None:
 
 def _take_one(conn: Connection, queues: list[Queue], timeout_s: float = 10) -> Any:
     got: list[Any] = []
+
+    def delivered() -> bool:
+        with contextlib.suppress(TimeoutError):
+            conn.drain_events(timeout=1)
+        return bool(got)
+
     with conn.Consumer(
         queues, callbacks=[lambda body, msg: got.append((body, msg))], accept=["json"]
     ):
-        deadline = time.monotonic() + timeout_s
-        while not got and time.monotonic() < deadline:
-            with contextlib.suppress(TimeoutError):
-                conn.drain_events(timeout=1)
-    assert got, "nothing delivered"
+        wait_for(delivered, timeout_s, "a message to be delivered", interval_s=0)
     return got[0]
 
 

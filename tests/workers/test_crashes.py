@@ -9,47 +9,22 @@ import time
 import uuid
 
 import redis
-from sqlalchemy import func, select
 
-from memory_core.db import session_scope
-from memory_core.models import ConversationThread, ThreadMessage
-from tests.conftest import make_snapshot
-from tests.fakes.llm_server import FakeLLMServer
-from tests.workers.harness import send_finalize, send_fold, wait_for
-
-
-def _counts(tids: list[uuid.UUID]) -> dict[uuid.UUID, list[int]]:
-    with session_scope() as s:
-        rows = s.execute(
-            select(ThreadMessage.thread_id, ThreadMessage.seq)
-            .where(ThreadMessage.thread_id.in_(tids))
-            .order_by(ThreadMessage.thread_id, ThreadMessage.seq)
-        ).all()
-    out: dict[uuid.UUID, list[int]] = {t: [] for t in tids}
-    for tid, seq in rows:
-        out[tid].append(seq)
-    return out
-
-
-def _total(tids: list[uuid.UUID]) -> int:
-    with session_scope() as s:
-        return int(s.scalar(select(func.count()).where(ThreadMessage.thread_id.in_(tids))) or 0)
+from memory_core.devservices.fake_llm import FakeLLMServer
+from memory_core.devservices.poll import wait_for
+from tests.support.snapshots import make_snapshot
+from tests.support.state import count_stored, stored, thread_row
+from tests.support.workers import send_finalize, send_fold
 
 
 def _assert_exactly_once(
     tids: list[uuid.UUID], per_thread: int, sent: dict[uuid.UUID, set[str]]
 ) -> None:
-    seqs = _counts(tids)
+    rows = stored(tids)
     for tid in tids:
-        assert seqs[tid] == list(range(1, per_thread + 1)), f"gap or duplicate in {tid}"
-    with session_scope() as s:
-        stored = {
-            str(x)
-            for x in s.scalars(
-                select(ThreadMessage.session_id).where(ThreadMessage.thread_id.in_(tids))
-            )
-        }
-    assert stored == set().union(*sent.values())
+        seqs = [seq for seq, _ in rows[tid]]
+        assert seqs == list(range(1, per_thread + 1)), f"gap or duplicate in {tid}"
+    assert {sid for per in rows.values() for _, sid in per} == set().union(*sent.values())
 
 
 def _send_load(
@@ -69,14 +44,18 @@ def test_children_killed_repeatedly_lose_and_duplicate_nothing(start_worker, age
     w = start_worker(concurrency=2)
     tids, sent = _send_load(agent, threads=5, per_thread=60)
     kills = 0
-    deadline = time.monotonic() + 120
-    while _total(tids) < 300 and time.monotonic() < deadline:
-        time.sleep(0.25)
+
+    def landed_while_killing_children() -> bool:
+        nonlocal kills
+        if count_stored(tids) == 300:
+            return True
         children = w.children()
         if children and kills < 12:
             os.kill(random.choice(children), signal.SIGKILL)
             kills += 1
-    wait_for(lambda: _total(tids) == 300, 120, "all 300 turns", w.log)
+        return False
+
+    wait_for(landed_while_killing_children, 240, "all 300 turns", w.log, interval_s=0.25)
     assert kills >= 5 and w.alive()
     assert "WorkerLostError" in w.log() or "exited with 'signal 9" in w.log()
     _assert_exactly_once(tids, 60, sent)
@@ -89,7 +68,7 @@ def test_child_killed_mid_fold_the_fold_is_redelivered_and_lands_once(
     tid = uuid.uuid4()
     for n in range(1, 21):
         send_finalize(agent, make_snapshot(tid, n))
-    wait_for(lambda: _total([tid]) == 20, 60, "20 turns", w.log)
+    wait_for(lambda: count_stored([tid]) == 20, 60, "20 turns", w.log)
     llm.delay_s = 8.0
     llm.set_mode("timeout")  # the LLM hangs: the fold is mid-call when we kill its process
     send_finalize(agent, make_snapshot(tid, 21))
@@ -99,16 +78,14 @@ def test_child_killed_mid_fold_the_fold_is_redelivered_and_lands_once(
     llm.set_mode("ok")
     wait_for(lambda: _thread_through(tid) == 11, 90, "the redelivered fold", w.log)
     assert w.alive() and llm.calls >= 2
-    with session_scope() as s:
-        t = s.scalars(select(ConversationThread).where(ConversationThread.id == tid)).one()
-        assert t.summary and t.summary.count("Running summary of the analysis") == 1
+    t = thread_row(tid)
+    assert t is not None and t.summary
+    assert t.summary.count("Running summary of the analysis") == 1
 
 
 def _thread_through(tid: uuid.UUID) -> int | None:
-    with session_scope() as s:
-        return s.scalar(
-            select(ConversationThread.summary_through_seq).where(ConversationThread.id == tid)
-        )
+    row = thread_row(tid)
+    return None if row is None else row.summary_through_seq
 
 
 def test_whole_worker_killed_jobs_redelivered_after_visibility_timeout(start_worker, agent) -> None:  # type: ignore[no-untyped-def]
@@ -119,11 +96,11 @@ def test_whole_worker_killed_jobs_redelivered_after_visibility_timeout(start_wor
     kills = 0
     for _ in range(3):  # a kill between two jobs takes nothing down: kill another
         first = start_worker(concurrency=2, env=env)
-        progress = _total(tids) + 20
-        wait_for(lambda p=progress: _total(tids) >= p, 60, "some progress", first.log)
+        progress = count_stored(tids) + 20
+        wait_for(lambda p=progress: count_stored(tids) >= p, 60, "some progress", first.log)
         first.kill_hard()  # main process and children: nothing is handed back
         kills += 1
-        landed_at_kill = _total(tids)
+        landed_at_kill = count_stored(tids)
         held = broker.hlen("unacked")
         if held:
             break
@@ -131,7 +108,7 @@ def test_whole_worker_killed_jobs_redelivered_after_visibility_timeout(start_wor
     assert landed_at_kill < 200
     killed_at = time.monotonic()
     second = start_worker(concurrency=2, env=env)
-    wait_for(lambda: _total(tids) == 200, 120, "all 200 turns after the crash", second.log)
+    wait_for(lambda: count_stored(tids) == 200, 120, "all 200 turns after the crash", second.log)
     wait_for(lambda: broker.hlen("unacked") == 0, 60, "held jobs redelivered", second.log)
     recovered_in = time.monotonic() - killed_at
     _assert_exactly_once(tids, 50, sent)
@@ -146,10 +123,10 @@ def test_whole_worker_killed_jobs_redelivered_after_visibility_timeout(start_wor
 def test_sigterm_hands_back_what_the_worker_holds(start_worker, agent, llm: FakeLLMServer) -> None:  # type: ignore[no-untyped-def]
     first = start_worker(concurrency=2)
     tids, sent = _send_load(agent, threads=4, per_thread=40)
-    wait_for(lambda: _total(tids) >= 10, 60, "some progress", first.log)
-    assert first.terminate(60) == 0  # a clean warm/soft shutdown
+    wait_for(lambda: count_stored(tids) >= 10, 60, "some progress", first.log)
+    assert first.stop(60) == 0  # a clean warm/soft shutdown
     second = start_worker(concurrency=2)
-    wait_for(lambda: _total(tids) == 160, 120, "all 160 turns after SIGTERM", second.log)
+    wait_for(lambda: count_stored(tids) == 160, 120, "all 160 turns after SIGTERM", second.log)
     _assert_exactly_once(tids, 40, sent)
     # A fold retry waiting on its countdown is handed back too, not lost.
     tid = uuid.uuid4()
@@ -157,7 +134,7 @@ def test_sigterm_hands_back_what_the_worker_holds(start_worker, agent, llm: Fake
     for n in range(1, 22):
         send_finalize(agent, make_snapshot(tid, n))
     wait_for(lambda: "memory.fold_failed" in second.log(), 60, "a failed fold", second.log)
-    assert second.terminate(60) == 0
+    assert second.stop(60) == 0
     llm.set_mode("ok")
     send_fold(agent, str(tid))  # not needed for durability: just speeds the test up
     third = start_worker(concurrency=1)
@@ -173,13 +150,13 @@ def test_sigterm_during_a_slow_fold_hands_the_fold_back(
     tid = uuid.uuid4()
     for n in range(1, 21):
         send_finalize(agent, make_snapshot(tid, n))
-    wait_for(lambda: _total([tid]) == 20, 60, "20 turns", first.log)
+    wait_for(lambda: count_stored([tid]) == 20, 60, "20 turns", first.log)
     llm.delay_s = 9.0
     llm.set_mode("timeout")  # a fold that will not finish within the soft shutdown
     send_finalize(agent, make_snapshot(tid, 21))
     wait_for(lambda: llm.calls >= 1, 60, "the fold's LLM call", first.log)
     started = time.monotonic()
-    first.terminate(60)
+    first.stop(60)
     # Exited after the 2 s soft shutdown instead of waiting for the 9 s LLM call.
     assert time.monotonic() - started < 8
     broker = redis.Redis.from_url(agent.conf.broker_url)

@@ -17,14 +17,16 @@ import pytest
 import redis
 
 from memory_core.db import session_scope
+from memory_core.devservices.fake_llm import FakeLLMServer
+from memory_core.devservices.poll import wait_for
 from memory_core.models import ConversationThread
 from memory_core.settings import get_settings
-from tests.conftest import make_snapshot
-from tests.fakes import FakeLangfuseServer
-from tests.fakes.llm_server import FakeLLMServer
+from tests.support.commands import run_module
+from tests.support.fake_langfuse import FakeLangfuseServer
 from tests.support.faults import RowLock, postgres_role
+from tests.support.snapshots import make_snapshot
 from tests.support.state import drain_events, stored_seqs
-from tests.workers.harness import run_module, send_finalize, send_fold, wait_for
+from tests.support.workers import send_finalize, send_fold
 
 
 @pytest.mark.timeout(240)

@@ -6,7 +6,6 @@ import base64
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import urllib.error
@@ -18,15 +17,13 @@ from pathlib import Path
 import pytest
 import redis
 
+from memory_core.devservices.poll import wait_for
+from memory_core.devservices.ports import free_port
 from memory_core.settings import get_settings
-from tests.conftest import make_snapshot
-from tests.workers.harness import REPO, producer, send_finalize, wait_for
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.support import REPO
+from tests.support.commands import run_module
+from tests.support.snapshots import make_snapshot
+from tests.support.workers import producer, send_finalize
 
 
 def _get(url: str, auth: str | None = None) -> tuple[int, str]:
@@ -42,7 +39,7 @@ def _get(url: str, auth: str | None = None) -> tuple[int, str]:
 
 @pytest.fixture
 def flower(tmp_path: Path) -> Iterator[str]:
-    port = _port()
+    port = free_port()
     log = (tmp_path / "flower.log").open("wb")
     env = {**os.environ, "FLOWER_BASIC_AUTH": "ops:s3cret"}
     proc = subprocess.Popen(
@@ -86,16 +83,7 @@ def test_flower_requires_basic_auth_and_shows_both_queues(flower: str) -> None:
 
 
 def test_flower_refuses_to_start_without_credentials(tmp_path: Path) -> None:
-    env = {**os.environ, "FLOWER_BASIC_AUTH": ""}
-    out = subprocess.run(
-        [sys.executable, "-m", "memory_core.cli", "flower"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    out = run_module("memory_core.cli", "flower", env={"FLOWER_BASIC_AUTH": ""})
     assert out.returncode == 1
     assert (
         out.stderr.strip() == "error: Flower needs basic auth: set FLOWER_BASIC_AUTH=user:password"

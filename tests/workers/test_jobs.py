@@ -8,11 +8,12 @@ from typing import Any
 import redis
 
 from memory_core import RedisConversationMemory
+from memory_core.devservices.fake_llm import FakeLLMServer
+from memory_core.devservices.poll import wait_for
 from memory_core.events import routine_stream
-from tests.conftest import make_snapshot
-from tests.fakes.llm_server import FakeLLMServer
+from tests.support.snapshots import make_snapshot
 from tests.support.state import drain_events, stored_seqs, thread_row
-from tests.workers.harness import send_finalize, send_fold, wait_for
+from tests.support.workers import send_finalize, send_fold
 
 
 def test_finalize_jobs_land_once_in_order_with_duplicates(

@@ -2,25 +2,15 @@
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import socket
-import subprocess
 import sys
 import urllib.request
 import uuid
-from pathlib import Path
 
-from memory_core.settings import get_settings
-from tests.conftest import make_snapshot
-from tests.workers.harness import REPO, send_finalize, wait_for
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from memory_core.devservices.poll import wait_for
+from memory_core.devservices.ports import free_port
+from tests.support.snapshots import make_snapshot
+from tests.support.workers import send_finalize
 
 
 def _metric(text: str, name: str) -> float | None:
@@ -28,59 +18,33 @@ def _metric(text: str, name: str) -> float | None:
     return float(m.group(1)) if m else None
 
 
-def test_worker_serves_memory_metrics(tmp_path: Path, worker_env: dict[str, str], agent) -> None:  # type: ignore[no-untyped-def]
-    import redis
+def test_worker_serves_memory_metrics(start_worker, agent) -> None:  # type: ignore[no-untyped-def]
+    port = free_port()
+    argv = [sys.executable, "-m", "memory_core.cli", "worker", "-c", "2"]
+    argv += ["--metrics-port", str(port), "-n", f"m{uuid.uuid4().hex[:6]}@%h"]
+    w = start_worker(argv=argv, env={"MEMORY_METRICS_ADDR": "127.0.0.1"})
+    tid = uuid.uuid4()
+    snaps = [make_snapshot(tid, n) for n in range(1, 4)]
+    for snap in snaps:
+        send_finalize(agent, snap)
+    send_finalize(agent, snaps[0])  # a duplicate
+    send_finalize(agent, {"thread_id": "broken"})  # rejected
 
-    redis.Redis.from_url(get_settings().celery_broker_url).flushdb()
-    port = _port()
-    log = tmp_path / "worker.log"
-    env = {**os.environ, **worker_env, "MEMORY_METRICS_ADDR": "127.0.0.1"}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "memory_core.cli",
-            "worker",
-            "-c",
-            "2",
-            "--metrics-port",
-            str(port),
-            "-n",
-            f"m{uuid.uuid4().hex[:6]}@%h",
-        ],
-        cwd=REPO,
-        env=env,
-        stdout=log.open("wb"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
-        wait_for(lambda: " ready." in log.read_text(), 60, "worker ready", log.read_text)
-        tid = uuid.uuid4()
-        snaps = [make_snapshot(tid, n) for n in range(1, 4)]
-        for snap in snaps:
-            send_finalize(agent, snap)
-        send_finalize(agent, snaps[0])  # a duplicate
-        send_finalize(agent, {"thread_id": "broken"})  # rejected
+    def scrape() -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            return r.read().decode()
 
-        def scrape() -> str:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-                return r.read().decode()
+    def done() -> str | None:
+        # Two children run the five jobs in any order: wait for all of them to be counted.
+        text = scrape()
+        counted = [
+            _metric(text, f'memory_finalize_total{{status="{status}"}}')
+            for status in ("rejected", "saved", "duplicate")
+        ]
+        return text if sum(c or 0 for c in counted) >= 5 else None
 
-        def done() -> str | None:
-            # Two children run the five jobs in any order: wait for all of them to be counted.
-            text = scrape()
-            counted = [
-                _metric(text, f'memory_finalize_total{{status="{status}"}}')
-                for status in ("rejected", "saved", "duplicate")
-            ]
-            return text if sum(c or 0 for c in counted) >= 5 else None
-
-        text = wait_for(done, 60, "metrics", log.read_text)
-        assert _metric(text, 'memory_finalize_total{status="saved"}') == 3.0
-        assert _metric(text, 'memory_finalize_total{status="duplicate"}') == 1.0
-        assert _metric(text, "memory_fold_lag_threads") is not None
-        assert "memory_fold_seconds_bucket" in text or "memory_fold_seconds" in text
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(30)
+    text = wait_for(done, 60, "metrics", w.log)
+    assert _metric(text, 'memory_finalize_total{status="saved"}') == 3.0
+    assert _metric(text, 'memory_finalize_total{status="duplicate"}') == 1.0
+    assert _metric(text, "memory_fold_lag_threads") is not None
+    assert "memory_fold_seconds_bucket" in text or "memory_fold_seconds" in text

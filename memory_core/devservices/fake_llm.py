@@ -1,7 +1,7 @@
-"""A fake OpenAI-compatible chat-completions server for tests.
+"""A fake OpenAI-compatible chat-completions server, for the worker benchmark and the tests.
 
 Speaks the real wire protocol (`POST /v1/chat/completions`, also `/chat/completions`) so the
-real `openai` client is exercised. Modes, switchable at runtime via `server.mode`:
+real `openai` client is exercised. Modes, switchable at runtime via `server.set_mode`:
 
 - "ok": a deterministic summary built from the request (the "User:" lines it saw), with usage
 - "500": HTTP 500 with an OpenAI-style error body
@@ -16,10 +16,13 @@ real `openai` client is exercised. Modes, switchable at runtime via `server.mode
 - "refusal_echo", "garbage_echo": a refusal / garbage that quotes the first user line of the
   prompt (providers do: the library must not pass it on)
 
-Every request body is recorded in `server.requests` (parsed JSON).
+Every request body is recorded in `server.requests` (parsed JSON), its headers in
+`server.headers`.
 
     with FakeLLMServer() as llm:
         settings = Settings(openai_base_url=llm.base_url, openai_api_key="sk-test")
+
+`LocalServer` is the threaded 127.0.0.1 server under it, for other fakes to build on.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Self
 
 MODES = (
     "ok",
@@ -47,6 +50,71 @@ MODES = (
 )
 
 
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False
+    owner: Any
+
+
+class LocalServer:
+    """A threaded HTTP server on 127.0.0.1 (random port) whose handler reaches this object as
+    `self.server.owner`; `start`/`stop`, or use it as a context manager."""
+
+    def __init__(self, handler: type[BaseHTTPRequestHandler], modes: tuple[str, ...]) -> None:
+        self.modes = modes
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self._httpd = _HTTPServer(("127.0.0.1", 0), handler)
+        self._httpd.owner = self
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+
+    @property
+    def port(self) -> int:
+        return int(self._httpd.server_address[1])
+
+    def set_mode(self, mode: str) -> None:
+        if mode not in self.modes:
+            raise ValueError(f"unknown mode {mode!r}; one of {self.modes}")
+        with self.lock:
+            self.mode = mode
+
+    def start(self) -> Self:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class JSONHandler(BaseHTTPRequestHandler):
+    """Quiet, HTTP/1.1, and a helper to answer JSON."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # keep test output quiet
+        pass
+
+    def send_body(self, status: int, data: bytes, ctype: str = "application/json") -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def send_json(self, status: int, payload: Any) -> None:
+        self.send_body(status, json.dumps(payload).encode())
+
+
 def _message_texts(body: dict[str, Any]) -> list[str]:
     texts = []
     for msg in body.get("messages") or []:
@@ -58,52 +126,53 @@ def _message_texts(body: dict[str, Any]) -> list[str]:
     return texts
 
 
-def _first_user_line(body: dict[str, Any]) -> str:
-    for text in _message_texts(body):
-        for line in text.splitlines():
-            if line.startswith("User: "):
-                return line
-    return ""
+def _user_lines(body: dict[str, Any]) -> list[str]:
+    return [
+        ln for text in _message_texts(body) for ln in text.splitlines() if ln.startswith("User: ")
+    ]
 
 
 def deterministic_summary(body: dict[str, Any]) -> str:
     """What "ok" answers: the user queries of the conversation, in order."""
-    queries = []
-    for text in _message_texts(body):
-        for line in text.splitlines():
-            if line.startswith("User: "):
-                queries.append(line[len("User: ") :].strip())
+    queries = [line[len("User: ") :].strip() for line in _user_lines(body)]
     asked = "; ".join(queries) if queries else "nothing new"
     return f"Running summary of the analysis. The user asked: {asked}."
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-    protocol_version = "HTTP/1.1"
+def _content(owner: FakeLLMServer, mode: str, body: dict[str, Any]) -> str:
+    first_user_line = next(iter(_user_lines(body)), "")
+    contents = {
+        "empty": lambda: "",
+        "garbage": lambda: "\x00\x01 ### 0101 $$%%^^ ~~~ \ufffd\ufffd 42 ::: ### 9999 \x02",
+        "refusal": lambda: "I'm sorry, but I cannot help with that.",
+        "long": lambda: " ".join(f"summary{i % 50}" for i in range(owner.long_words)),
+        "nul": lambda: deterministic_summary(body).replace(". ", ".\x00 ", 1),
+        "surrogate": lambda: deterministic_summary(body).replace(". ", ".\ud800 ", 1),
+        "refusal_echo": lambda: f"I'm sorry, I cannot summarize this: {first_user_line}",
+        "garbage_echo": lambda: (
+            "#### 0000 1111 2222 3333 4444 5555 6666 7777 8888 9999 $$$$ "
+            f"%%%% ^^^^ &&&& **** 0101 1010 {first_user_line[:20]}"
+        ),
+    }
+    # Looked up at call time: a test may replace deterministic_summary to script the answer.
+    return contents.get(mode, lambda: deterministic_summary(body))()
 
-    def log_message(self, format: str, *args: Any) -> None:  # keep test output quiet
-        pass
 
-    def _send_json(self, status: int, payload: dict[str, Any]) -> None:
-        data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+class _Handler(JSONHandler):
+    server: _HTTPServer
 
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length)
         if self.path.split("?")[0] not in ("/v1/chat/completions", "/chat/completions"):
-            self._send_json(404, {"error": {"message": f"no route {self.path}", "type": "nf"}})
+            self.send_json(404, {"error": {"message": f"no route {self.path}", "type": "nf"}})
             return
         try:
             body = json.loads(raw or b"{}")
         except ValueError:
-            self._send_json(400, {"error": {"message": "bad json", "type": "invalid_request"}})
+            self.send_json(400, {"error": {"message": "bad json", "type": "invalid_request"}})
             return
-        owner = self.server.owner
+        owner: FakeLLMServer = self.server.owner
         with owner.lock:
             owner.requests.append(body)
             owner.headers.append({k.lower(): v for k, v in self.headers.items()})
@@ -113,9 +182,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _answer(self, owner: FakeLLMServer, mode: str, body: dict[str, Any]) -> None:
         if mode == "500":
-            self._send_json(
-                500, {"error": {"message": "fake upstream failure", "type": "server_error"}}
-            )
+            error = {"message": "fake upstream failure", "type": "server_error"}
+            self.send_json(500, {"error": error})
             return
         if mode == "context_length":
             error = {
@@ -124,26 +192,15 @@ class _Handler(BaseHTTPRequestHandler):
                 "param": "messages",
                 "code": "context_length_exceeded",
             }
-            self._send_json(400, {"error": error})
+            self.send_json(400, {"error": error})
             return
         if mode == "timeout":
             owner.stopping.wait(owner.delay_s)
-        content = {
-            "ok": deterministic_summary(body),
-            "timeout": deterministic_summary(body),
-            "empty": "",
-            "garbage": "\x00\x01 ### 0101 $$%%^^ ~~~ \ufffd\ufffd 42 ::: ### 9999 \x02",
-            "refusal": "I'm sorry, but I cannot help with that.",
-            "long": " ".join(f"summary{i % 50}" for i in range(owner.long_words)),
-            "nul": deterministic_summary(body).replace(". ", ".\x00 ", 1),
-            "surrogate": deterministic_summary(body).replace(". ", ".\ud800 ", 1),
-            "refusal_echo": f"I'm sorry, I cannot summarize this: {_first_user_line(body)}",
-            "garbage_echo": "#### 0000 1111 2222 3333 4444 5555 6666 7777 8888 9999 $$$$ %%%% "
-            f"^^^^ &&&& **** 0101 1010 {_first_user_line(body)[:20]}",
-        }.get(mode, "")
+        content = _content(owner, mode, body)
         prompt_tokens = sum(len(t.split()) for t in _message_texts(body))
         completion_tokens = len(content.split())
-        self._send_json(
+        message = {"role": "assistant", "content": content}
+        self.send_json(
             200,
             {
                 "id": f"chatcmpl-fake-{len(owner.requests)}",
@@ -151,12 +208,7 @@ class _Handler(BaseHTTPRequestHandler):
                 "created": int(time.time()),
                 "model": body.get("model", "fake-model"),
                 "choices": [
-                    {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": content},
-                        "finish_reason": "stop",
-                        "logprobs": None,
-                    }
+                    {"index": 0, "message": message, "finish_reason": "stop", "logprobs": None}
                 ],
                 "usage": {
                     "prompt_tokens": prompt_tokens,
@@ -167,42 +219,20 @@ class _Handler(BaseHTTPRequestHandler):
         )
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    block_on_close = False
-    owner: FakeLLMServer
-
-
-class FakeLLMServer:
+class FakeLLMServer(LocalServer):
     """Threaded fake chat-completions server on 127.0.0.1, random port."""
 
     def __init__(self, mode: str = "ok", delay_s: float = 5.0, long_words: int = 4000) -> None:
+        super().__init__(_Handler, MODES)
         self.mode = mode
         self.delay_s = delay_s
         self.long_words = long_words
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
-        self.lock = threading.Lock()
-        self.stopping = threading.Event()
-        self._httpd = _Server(("127.0.0.1", 0), _Handler)
-        self._httpd.owner = self
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-
-    @property
-    def port(self) -> int:
-        return int(self._httpd.server_address[1])
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
-
-    def set_mode(self, mode: str) -> None:
-        if mode not in MODES:
-            raise ValueError(f"unknown mode {mode!r}; one of {MODES}")
-        with self.lock:
-            self.mode = mode
 
     @property
     def calls(self) -> int:
@@ -214,18 +244,3 @@ class FakeLLMServer:
         with self.lock:
             body = self.requests[index]
         return "\n".join(_message_texts(body))
-
-    def start(self) -> FakeLLMServer:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self.stopping.set()
-        self._httpd.shutdown()
-        self._httpd.server_close()
-
-    def __enter__(self) -> FakeLLMServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

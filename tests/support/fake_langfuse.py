@@ -7,7 +7,8 @@
   `server.spans` (name, attributes, scope) so tests can find the generations.
 - `POST /api/public/ingestion`: legacy JSON batches, recorded in `server.ingestion`.
 
-Also here: `HangingServer` (accepts TCP connections, never answers) and `closed_port()`.
+Also here: `HangingServer` (accepts TCP connections, never answers): Langfuse, or any HTTP
+service, hanging. The server machinery is the fake LLM's (memory_core/devservices/fake_llm.py).
 """
 
 from __future__ import annotations
@@ -15,11 +16,7 @@ from __future__ import annotations
 import gzip
 import json
 import socket
-import threading
-import time
 import zlib
-from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -28,6 +25,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+
+from memory_core.devservices.fake_llm import JSONHandler, LocalServer
 
 MODES = ("served", "401", "404", "500")
 
@@ -78,29 +77,13 @@ def decode_otlp(body: bytes, encoding: str | None) -> list[dict[str, Any]]:
     return spans
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-    def _send(self, status: int, data: bytes, ctype: str = "application/json") -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _json(self, status: int, payload: Any) -> None:
-        self._send(status, json.dumps(payload).encode())
-
+class _Handler(JSONHandler):
     def do_GET(self) -> None:
         owner = self.server.owner
         path = urlsplit(self.path).path
         prefix = "/api/public/v2/prompts/"
         if not path.startswith(prefix):
-            self._json(404, {"message": f"no route {path}"})
+            self.send_json(404, {"message": f"no route {path}"})
             return
         name = unquote(path[len(prefix) :])
         with owner.lock:
@@ -109,7 +92,7 @@ class _Handler(BaseHTTPRequestHandler):
             )
             mode = owner.mode
         if mode == "401":
-            self._json(
+            self.send_json(
                 401,
                 {
                     "message": "Invalid credentials. Confirm that you've configured "
@@ -117,11 +100,11 @@ class _Handler(BaseHTTPRequestHandler):
                 },
             )
         elif mode == "404" or name not in owner.prompt_names:
-            self._json(404, {"error": "LangfuseNotFoundError", "message": "Prompt not found"})
+            self.send_json(404, {"error": "LangfuseNotFoundError", "message": "Prompt not found"})
         elif mode == "500":
-            self._json(500, {"message": "Internal Server Error"})
+            self.send_json(500, {"message": "Internal Server Error"})
         else:
-            self._json(200, owner.prompt_payload(name))
+            self.send_json(200, owner.prompt_payload(name))
 
     def do_POST(self) -> None:
         owner = self.server.owner
@@ -132,24 +115,18 @@ class _Handler(BaseHTTPRequestHandler):
             with owner.lock:
                 owner.spans.extend(spans)
                 owner.otel_headers.append({k.lower(): v for k, v in self.headers.items()})
-            self._send(
+            self.send_body(
                 200, ExportTraceServiceResponse().SerializeToString(), "application/x-protobuf"
             )
         elif path == "/api/public/ingestion":
             with owner.lock:
                 owner.ingestion.append(json.loads(raw or b"{}"))
-            self._json(207, {"successes": [], "errors": []})
+            self.send_json(207, {"successes": [], "errors": []})
         else:
-            self._json(404, {"message": f"no route {path}"})
+            self.send_json(404, {"message": f"no route {path}"})
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    block_on_close = False
-    owner: FakeLangfuseServer
-
-
-class FakeLangfuseServer:
+class FakeLangfuseServer(LocalServer):
     """Threaded fake Langfuse API on 127.0.0.1, random port."""
 
     def __init__(
@@ -159,6 +136,7 @@ class FakeLangfuseServer:
         version: int = 3,
         prompt_names: tuple[str, ...] = ("conversation_summarizer",),
     ) -> None:
+        super().__init__(_Handler, MODES)
         self.mode = mode
         self.prompt_type = prompt_type
         self.version = version
@@ -167,22 +145,10 @@ class FakeLangfuseServer:
         self.spans: list[dict[str, Any]] = []
         self.otel_headers: list[dict[str, str]] = []
         self.ingestion: list[Any] = []
-        self.lock = threading.Lock()
-        self._httpd = _Server(("127.0.0.1", 0), _Handler)
-        self._httpd.owner = self
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self._httpd.server_address[1]}"
-
-    def set_mode(self, mode: str) -> None:
-        if mode not in MODES:
-            raise ValueError(f"unknown mode {mode!r}; one of {MODES}")
-        with self.lock:
-            self.mode = mode
+        return f"http://127.0.0.1:{self.port}"
 
     def serve_text_prompt(self, template: str, version: int) -> None:
         """Serve `template` (a text prompt, as written in the Langfuse UI) from now on."""
@@ -221,28 +187,6 @@ class FakeLangfuseServer:
                 if s["attributes"].get("langfuse.observation.type") == "generation"
             ]
 
-    def wait_for(self, predicate: Callable[[], bool], timeout_s: float = 15.0) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if predicate():
-                return True
-            time.sleep(0.05)
-        return predicate()
-
-    def start(self) -> FakeLangfuseServer:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-
-    def __enter__(self) -> FakeLangfuseServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
 
 class HangingServer:
     """Accepts TCP connections (the kernel backlog does) and never answers a byte."""
@@ -264,10 +208,3 @@ class HangingServer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def closed_port() -> int:
-    """A local port nobody listens on (connection refused)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])

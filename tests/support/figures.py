@@ -5,7 +5,7 @@ Every scenario calls `record(...)`, which prints one parseable line
     RELIABILITY {"id": "crash.children", "scenario": "...", "jobs": 2000, "lost": 0, ...}
 
 and merges the same object into `.agent-memory/reliability/figures.json` (keyed by `id`).
-`python -m tests.reliability.figures` renders that file as the Markdown table of
+`python -m tests.support.figures` renders that file as the Markdown table of
 docs/RELIABILITY.md.
 """
 
@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.support import REPO
+
 FIGURES_PATH = REPO / ".agent-memory" / "reliability" / "figures.json"
 COMMAND = 'make test PYTEST_ARGS="tests/reliability -s"'
 COLUMNS = ("scenario", "jobs", "faults", "lost", "duplicated", "recover", "checked")
@@ -128,7 +129,7 @@ def _order(key: str) -> tuple[int, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.reliability.figures")
+    parser = argparse.ArgumentParser(prog="python -m tests.support.figures")
     parser.add_argument("--json", type=Path, default=FIGURES_PATH, help="figures file")
     parser.add_argument("--checks", action="store_true", help="also list what each checked")
     args = parser.parse_args(argv)

@@ -11,13 +11,14 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Self
 
 from memory_core import RedisConversationMemory, save_session_to_thread_safe
-from tests.conftest import make_snapshot
-from tests.reliability.conftest import Tally
-from tests.workers.harness import producer, send_finalize
+from tests.support.snapshots import make_snapshot
+from tests.support.tally import Tally
+from tests.support.workers import producer, send_finalize
 
 
 class _AgentThreads:
@@ -42,6 +43,9 @@ class _AgentThreads:
             t.start()
         return self
 
+    def running(self) -> bool:
+        return any(t.is_alive() for t in self.threads)
+
     def stop(self) -> None:
         self.stopping.set()
         for t in self.threads:
@@ -49,18 +53,34 @@ class _AgentThreads:
 
 
 class JobLoad(_AgentThreads):
-    def __init__(self, threads: int, interval_s: float, *, max_turns: int | None = None) -> None:
+    """`query(k, n)`, if given, is the user query of turn n of the k-th thread."""
+
+    def __init__(
+        self,
+        threads: int,
+        interval_s: float,
+        *,
+        max_turns: int | None = None,
+        query: Callable[[int, int], str] | None = None,
+    ) -> None:
         super().__init__(threads, interval_s)
         self.max_turns = max_turns
+        self.query = query
         self.tally = Tally(sent={})
+        self.sent_at: dict[str, float] = {}  # session_id -> time.monotonic() of the send
         self.send_failures = 0
 
+    def _snapshot(self, tid: uuid.UUID, n: int) -> dict[str, Any]:
+        if self.query is None:
+            return make_snapshot(tid, n)
+        return make_snapshot(tid, n, user_query=self.query(self.tids.index(tid), n))
+
     def _run(self, tid: uuid.UUID) -> None:
-        app = producer()
+        app = producer()  # one broker connection per agent thread
         n = 0
         while not self.stopping.is_set() and (self.max_turns is None or n < self.max_turns):
             n += 1
-            snap = make_snapshot(tid, n)
+            snap = self._snapshot(tid, n)
             while True:
                 try:
                     send_finalize(app, snap)
@@ -72,6 +92,7 @@ class JobLoad(_AgentThreads):
                         return
             with self.lock:
                 self.tally.sent[snap["session_id"]] = tid
+                self.sent_at[snap["session_id"]] = time.monotonic()
             self.stopping.wait(self.interval_s)
 
 

@@ -1,0 +1,190 @@
+"""The crash scenario's fault injector (tests/reliability/test_crashes.py).
+
+`Chaos` runs two workers and, as the scenario's clock advances, kills their pool children with
+-9, kills a whole worker holding a job with -9, and SIGTERMs another, replacing each worker it
+takes down. `Recovery` times how long the finalize jobs at stake in each fault take to land.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+import threading
+import time
+from collections.abc import Callable
+
+import redis
+
+from memory_core.devservices.workers import WorkerProcess
+from tests.support.state import held_finalize_jobs, landed
+
+TASK_LINE = re.compile(
+    r"Task memory\.finalize_turn\[([0-9a-f-]+)\] (received|succeeded|retry|raised)"
+)
+
+
+class Recovery:
+    """Times how long the finalize jobs at stake in a fault take to land."""
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[str, float, set[str]]] = []
+        self.done: dict[str, list[float]] = {}
+
+    def at_stake(self, in_flight: set[str]) -> set[str]:
+        """In-flight jobs not already being timed for an earlier fault."""
+        earlier = set().union(*(sids for _, _, sids in self.pending))
+        return in_flight - earlier
+
+    def fault(self, kind: str, at_stake: set[str], at: float) -> None:
+        self.pending.append((kind, at, set(at_stake)))
+        self.poll()
+
+    def poll(self) -> bool:
+        """Move faults whose jobs all landed to `done`; True when nothing is pending."""
+        still = []
+        for kind, at, sids in self.pending:
+            left = sids - landed(sids)
+            if left:
+                still.append((kind, at, left))
+            else:
+                self.done.setdefault(kind, []).append(time.monotonic() - at)
+        self.pending = still
+        return not still
+
+
+class Chaos:
+    """The fault injector: kills children, one whole worker, SIGTERMs another."""
+
+    def __init__(
+        self,
+        broker: redis.Redis,
+        start_worker: Callable[..., WorkerProcess],
+        env: dict[str, str],
+        *,
+        whole_kill_at_s: float,
+        sigterm_at_s: float,
+    ) -> None:
+        self.broker = broker
+        self.start_worker = start_worker
+        self.env = env
+        self.whole_kill_at_s, self.sigterm_at_s = whole_kill_at_s, sigterm_at_s
+        self.workers = [start_worker(concurrency=2, env=env) for _ in range(2)]
+        self.recovery = Recovery()
+        self.rng = random.Random(5)
+        self.child_kills = 0
+        self.whole_kill_held = -1
+        self.whole_kills = 0
+        self.sigterm_held = -1
+        self.sigterm_exit_s = 0.0
+        self.timeline: list[tuple[float, str]] = []
+        self.threads: list[threading.Thread] = []
+        self.sigterm_code: int | None = None
+
+    def live(self) -> list[WorkerProcess]:
+        return [w for w in self.workers if w.alive()]
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {w.log_path}\n{w.log()[-2500:]}" for w in self.workers)
+
+    def step(self, elapsed_s: float) -> None:
+        self.recovery.poll()
+        victim = self._holding_worker() if self._whole_kill_due(elapsed_s) else None
+        if victim is not None:
+            self.kill_whole_worker(victim)
+            return
+        if self._sigterm_due(elapsed_s):
+            # A worker caught holding a job, else (after 5 s of trying) any worker.
+            victim = self._holding_worker()
+            if victim is not None or elapsed_s > self.sigterm_at_s + 5:
+                self.sigterm_worker(victim or self.live()[0])
+                return
+        self.kill_a_child()
+
+    def _sigterm_due(self, elapsed_s: float) -> bool:
+        return (
+            self.sigterm_held < 0
+            and self.whole_kills > 0
+            and not self._whole_kill_due(elapsed_s)
+            and elapsed_s >= self.sigterm_at_s
+        )
+
+    def _whole_kill_due(self, elapsed_s: float) -> bool:
+        """Until a whole kill took jobs down with it (3 tries), one is due every 2 s."""
+        return (
+            self.whole_kill_held <= 0
+            and self.whole_kills < 3
+            and elapsed_s >= self.whole_kill_at_s + 2 * self.whole_kills
+        )
+
+    def _holding_worker(self) -> WorkerProcess | None:
+        """A live worker whose log shows a finalize job received and not yet finished."""
+        for worker in self.live():
+            received: set[str] = set()
+            finished: set[str] = set()
+            for task_id, what in TASK_LINE.findall(worker.log()):
+                (received if what == "received" else finished).add(task_id)
+            if received - finished:
+                return worker
+        return None
+
+    def _in_background(self, work: Callable[[], None]) -> None:
+        """Faults that take seconds (a worker starting, a soft shutdown) must not pause the
+        others: run them beside the fault loop, as an orchestrator would."""
+        thread = threading.Thread(target=work, daemon=True)
+        thread.start()
+        self.threads.append(thread)
+
+    def _replace(self) -> None:
+        self._in_background(
+            lambda: self.workers.append(self.start_worker(concurrency=2, env=self.env))
+        )
+
+    def kill_a_child(self) -> None:
+        children = [c for w in self.live() for c in w.children()]
+        if not children:
+            return
+        child = self.rng.choice(children)
+        in_flight = self.recovery.at_stake(held_finalize_jobs(self.broker))
+        try:
+            os.kill(child, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        self.child_kills += 1
+        if in_flight:  # else nothing was at stake: nothing to time
+            self.recovery.fault("child", in_flight, time.monotonic())
+
+    def kill_whole_worker(self, victim: WorkerProcess) -> None:
+        victim.kill_hard()  # main process and children: nothing is handed back
+        killed_at = time.monotonic()
+        self.timeline.append((killed_at, f"whole kill -9 of {victim.log_path.name}"))
+        self._replace()
+        # What live workers hold is done within a moment; what stays is the dead worker's.
+        first = held_finalize_jobs(self.broker)
+        time.sleep(1.0)
+        held = (first & held_finalize_jobs(self.broker)) - landed(first)
+        self.whole_kills += 1
+        self.whole_kill_held = len(held)
+        if held:
+            self.recovery.fault("whole kill", held, killed_at)
+
+    def sigterm_worker(self, victim: WorkerProcess) -> None:
+        held = self.recovery.at_stake(held_finalize_jobs(self.broker))
+        t0 = time.monotonic()
+        self.timeline.append((t0, f"SIGTERM of {victim.log_path.name}"))
+        self.sigterm_held = len(held)
+        if held:
+            self.recovery.fault("sigterm", held, t0)
+
+        def stop() -> None:
+            self.sigterm_code = victim.stop(60)  # soft shutdown, then it hands back
+            self.sigterm_exit_s = time.monotonic() - t0
+            self.timeline.append((time.monotonic(), "SIGTERM'd worker exited"))
+
+        self._in_background(stop)
+        self._replace()
+
+    def join(self) -> None:
+        for thread in self.threads:
+            thread.join(90)
