@@ -19,6 +19,7 @@ from sqlalchemy import func, update
 
 from memory_core.conversation_memory import RedisConversationMemory
 from memory_core.db import session_scope
+from memory_core.devservices.ports import free_port
 from memory_core.events import Event
 from memory_core.fold_publisher import FOLD_QUEUE
 from memory_core.folding import backoff_delay
@@ -26,11 +27,8 @@ from memory_core.models import ConversationThread
 from memory_core.session_handler import save_session_to_thread_safe
 from memory_core.settings import get_settings
 from tests.support.faults import RowLock, engine_with_lock_timeout, postgres_role
-from tests.support.snapshots import make_snapshot
-from tests.support.state import drain_events, thread_row
-from tests.test_task_branches import (
+from tests.support.jobs import (
     DEAD_POSTGRES,
-    closed_port,
     configure,
     private_events,
     rejected,
@@ -38,6 +36,8 @@ from tests.test_task_branches import (
     run_job,
     take_jobs,
 )
+from tests.support.snapshots import make_snapshot
+from tests.support.state import drain_events, thread_row
 from workers import tasks
 
 FOLD = tasks.fold_thread
@@ -71,7 +71,7 @@ def stream_events(r: redis.Redis, stream: str) -> tuple[list[Event], list[Event]
 
 @pytest.fixture
 def llm_down(monkeypatch: pytest.MonkeyPatch) -> None:
-    url = f"http://127.0.0.1:{closed_port()}/v1"
+    url = f"http://127.0.0.1:{free_port()}/v1"
     configure(monkeypatch, OPENAI_BASE_URL=url, OPENAI_API_KEY="sk-test")
 
 
