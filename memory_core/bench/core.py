@@ -19,18 +19,11 @@ are removed at the end.
 
 from __future__ import annotations
 
-import gc
 import json
-import logging
-import math
-import os
-import platform
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg2
@@ -38,14 +31,23 @@ import redis
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
 
-from memory_core.artifacts import derive_artifacts
-from memory_core.context import ConversationContext, Exchange
+from memory_core.bench.common import (
+    BASE_TIME,
+    LOAD_TURNS,
+    Pair,
+    exchange,
+    format_table,
+    json_logs_to_devnull,
+    machine,
+    paired,
+    snapshot,
+)
+from memory_core.context import ConversationContext
 from memory_core.conversation_memory import RedisConversationMemory
 from memory_core.db import get_engine
 from memory_core.redis_client import make_redis
 from memory_core.session_handler import TITLE_MAX, save_session_to_thread_safe
 from memory_core.settings import Settings
-from memory_core.snapshot import TurnSnapshot
 from memory_core.tokens import count_cache, encoding
 from memory_core.views import render_conversation_context
 from memory_core.working_copy import _WRITE
@@ -57,14 +59,6 @@ WARM_TURNS = 3
 UNFOLDED = 40
 LONG_TURNS, SHORT_TURNS = 10_000, 60
 RENDER_EXCHANGES = 20
-BASE_TIME = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
-# A raw Redash config: the core must reduce it to a compact descriptor.
-VIZ_OPTIONS = {
-    "globalSeriesType": "column",
-    "columnMapping": {"region": "x", "revenue": "y"},
-    "legend": {"enabled": True},
-    "seriesOptions": {"revenue": {"color": "#ff0000"}},
-}
 SUMMARY = (
     "The user analyses 2025 revenue by region, excluding returns (is_return = false). "
     "Revenue means SUM(revenue) in USD from sales. EMEA leads with 41%, then NA and APAC. "
@@ -75,122 +69,6 @@ INSERT INTO conversation_threads
   (id, owner_id, agent_type, title, summary, summary_through_seq, last_seq, fold_due_at)
 VALUES (%(id)s, %(owner)s, 'chat', 'bench', %(summary)s, %(through)s, %(n)s, 'infinity')
 """
-# The same content make-believe as `_snapshot`, generated server-side in one statement.
-_LOAD_TURNS = """
-INSERT INTO thread_messages
-  (thread_id, session_id, seq, user_query, answer, artifacts, response_payload, completed_at)
-SELECT %(id)s, gen_random_uuid(), g,
-  'Revenue by region for ' || (2000 + g) || ', excluding returns (turn ' || g || ')',
-  'Turn ' || g || ': EMEA leads with 41%% of revenue.',
-  jsonb_build_array(
-    jsonb_build_object('kind', 'sql', 'sql', 'SELECT region, SUM(revenue) AS revenue FROM sales '
-      || 'WHERE year = ' || (2000 + g) || ' AND NOT is_return GROUP BY region'),
-    jsonb_build_object('kind', 'visualization', 'id', 100 + g, 'type', 'CHART',
-      'name', 'Revenue by region ' || g, 'chart', 'column', 'x', jsonb_build_array('region'),
-      'y', jsonb_build_array('revenue'), 'series', '[]'::jsonb),
-    jsonb_build_object('kind', 'dashboard', 'id', 3, 'name', 'Sales', 'widget_count', 1,
-      'visualization_ids', jsonb_build_array(100 + g))),
-  jsonb_build_object('blocks', jsonb_build_array(
-    jsonb_build_object('type', 'text', 'text', 'answer ' || g))),
-  %(base)s::timestamptz + g * interval '1 minute'
-FROM generate_series(1, %(n)s) AS g
-"""
-
-
-@dataclass(frozen=True)
-class Pair:
-    """One figure and its raw limit, both in nanoseconds per call."""
-
-    key: str
-    label: str
-    raw_label: str
-    goal: float
-    core: list[int]
-    raw: list[int]
-
-    def figures(self) -> dict[str, float]:
-        p50, p99 = _pct(self.core, 0.50), _pct(self.core, 0.99)
-        r50, r99 = _pct(self.raw, 0.50), _pct(self.raw, 0.99)
-        f = {"p50_us": p50, "p99_us": p99, "raw_p50_us": r50, "raw_p99_us": r99}
-        f |= {"ratio": p50 / r50, "ratio_p99": p99 / r99}
-        return {f"{self.key}.{k}": v for k, v in f.items()}
-
-
-def _pct(samples: list[int], q: float) -> float:
-    """Nearest-rank percentile, in microseconds."""
-    ordered = sorted(samples)
-    return ordered[max(0, min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1))] / 1000.0
-
-
-Step = Callable[[int], object]
-
-
-def _paired(
-    n: int, warmup: int, core: Step, raw: Step, prep: Callable[[int, int], object] | None = None
-) -> tuple[list[int], list[int]]:
-    """Time core(i) and raw(i) interleaved, alternating which goes first; prep is untimed."""
-    out: tuple[list[int], list[int]] = ([], [])
-    gc.collect()
-    for i in range(warmup + n):
-        for side in (0, 1) if i % 2 else (1, 0):
-            if prep is not None:
-                prep(side, i)
-            fn = raw if side else core
-            t0 = time.perf_counter_ns()
-            fn(i)
-            elapsed = time.perf_counter_ns() - t0
-            if i >= warmup:
-                out[side].append(elapsed)
-    return out
-
-
-def _snapshot(thread_id: uuid.UUID, n: int, owner_id: str) -> dict[str, Any]:
-    """The n-th turn of an analytics conversation, as an agent sends it (JSON dict)."""
-    viz = {"id": 100 + n, "type": "CHART", "name": f"Revenue by region {n}", "options": VIZ_OPTIONS}
-    return {
-        "session_id": str(uuid.uuid4()),
-        "thread_id": str(thread_id),
-        "owner_id": owner_id,
-        "agent_type": "chat",
-        "user_query": f"Revenue by region for {2000 + n}, excluding returns (turn {n})",
-        "answer": f"Turn {n}: EMEA leads with 41% of revenue.",
-        "sql": [
-            f"SELECT region, SUM(revenue) AS revenue FROM sales WHERE year = {2000 + n} "
-            "AND NOT is_return GROUP BY region"
-        ],
-        "visualizations": [viz],
-        "dashboards": [{"id": 3, "name": "Sales", "widgets": [{"visualization_id": 100 + n}]}],
-        "response_payload": {"blocks": [{"type": "text", "text": f"answer {n}"}]},
-        "completed_at": (BASE_TIME + timedelta(minutes=n)).isoformat(),
-    }
-
-
-def _exchange(snap: dict[str, Any], seq: int) -> Exchange:
-    """The turn as memory stores it (what the core derives at finalize)."""
-    s = TurnSnapshot.model_validate(snap)
-    viz, dash = [v.model_dump() for v in s.visualizations], [d.model_dump() for d in s.dashboards]
-    art = derive_artifacts(s.sql, viz, dash)
-    fields = s.model_dump(include={"session_id", "user_query", "answer", "completed_at"})
-    return Exchange(seq=seq, artifacts=art, **fields)
-
-
-@contextmanager
-def _json_logs_to_devnull() -> Iterator[None]:
-    """Production-like logging (JSON lines at INFO, as the workers run), written to /dev/null.
-
-    The root logger's handlers and level are restored afterwards.
-    """
-    from memory_core.logs import configure_logging
-
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    with open(os.devnull, "w") as devnull:
-        configure_logging(logging.INFO, stream=devnull)
-        try:
-            yield
-        finally:
-            root.handlers[:] = handlers
-            root.setLevel(level)
 
 
 class _Bench:
@@ -256,9 +134,9 @@ class _Bench:
 
     def _raw_job(self, tid: uuid.UUID, n: int) -> tuple[Any, ...]:
         """Everything the raw save sends, prepared untimed (seq is predictable: one writer)."""
-        snap = _snapshot(tid, n, self.owner)
+        snap = snapshot(tid, n, self.owner)
         seq = self.raw_seqs[tid] = self.raw_seqs.get(tid, 0) + 1
-        turn = _exchange(snap, seq)
+        turn = exchange(snap, seq)
         copy = self.memory.copy
         if seq == 1:
             first = ConversationContext(thread_id=tid, recent=[turn])
@@ -295,7 +173,7 @@ class _Bench:
     def save(self) -> Pair:
         core_t = [self._new_thread() for _ in range(THREADS)]
         raw_t = [self._new_thread() for _ in range(THREADS)]
-        self._capture_save_sql(_snapshot(core_t[0], 1, self.owner))
+        self._capture_save_sql(snapshot(core_t[0], 1, self.owner))
         self.sha = self.plain.script_load(_WRITE)
         self.raw_seqs: dict[uuid.UUID, int] = {}
         self.cur = self.pg.cursor()
@@ -303,16 +181,16 @@ class _Bench:
         for n in range(1, WARM_TURNS + 1):
             for i in range(THREADS):
                 if (i, n) != (0, 1):
-                    self._core_save(_snapshot(core_t[i], n, self.owner))
+                    self._core_save(snapshot(core_t[i], n, self.owner))
                 self._raw_save(self._raw_job(raw_t[i], n))
         self._sql(
             "UPDATE conversation_threads SET fold_due_at = 'infinity' WHERE owner_id = %(owner)s"
         )
         total = self.warmup + self.n
         turn = [WARM_TURNS + 1 + i // THREADS for i in range(total)]
-        core_jobs = [_snapshot(core_t[i % THREADS], turn[i], self.owner) for i in range(total)]
+        core_jobs = [snapshot(core_t[i % THREADS], turn[i], self.owner) for i in range(total)]
         raw_jobs = [self._raw_job(raw_t[i % THREADS], turn[i]) for i in range(total)]
-        times = _paired(
+        times = paired(
             self.n,
             self.warmup,
             lambda i: self._core_save(core_jobs[i]),
@@ -334,7 +212,7 @@ class _Bench:
         tid = self._new_thread()
         params = {"id": str(tid), "owner": self.owner, "summary": SUMMARY, "n": turns}
         self._sql(_LOAD_THREAD, {**params, "through": turns - UNFOLDED})
-        self._sql(_LOAD_TURNS, {**params, "base": BASE_TIME})
+        self._sql(LOAD_TURNS, {**params, "base": BASE_TIME})
         return tid
 
     def rehydrate(self) -> tuple[Pair, uuid.UUID]:
@@ -346,7 +224,7 @@ class _Bench:
             if len(mem.get_context(tid, self.owner).recent) != UNFOLDED:
                 raise RuntimeError("rehydration returned the wrong number of turns")
 
-        times = _paired(
+        times = paired(
             max(5, self.n // 2),
             self.warmup // 4 + 2,
             lambda _: miss(long_t),
@@ -376,7 +254,7 @@ class _Bench:
             raise RuntimeError("get_context bench needs a full working copy")
         payload = b"".join([*(k + v for k, v in meta.items()), *members])
         self.plain.set(self.scratch, payload, px=3_600_000)
-        times = _paired(
+        times = paired(
             self.n,
             self.warmup,
             lambda _: mem.get_context(tid, self.owner),
@@ -391,9 +269,7 @@ class _Bench:
 
     def render(self) -> tuple[Pair, Pair]:
         tid = uuid.uuid4()
-        recent = [
-            _exchange(_snapshot(tid, n, self.owner), n) for n in range(1, RENDER_EXCHANGES + 1)
-        ]
+        recent = [exchange(snapshot(tid, n, self.owner), n) for n in range(1, RENDER_EXCHANGES + 1)]
         ctx = ConversationContext(
             thread_id=tid, summary=SUMMARY, summary_through_seq=0, recent=recent
         )
@@ -406,8 +282,8 @@ class _Bench:
         def tokenize(_: int) -> None:
             enc.encode_ordinary(text)
 
-        warm = _paired(self.n, self.warmup, view, tokenize)
-        cold = _paired(self.n, self.warmup, view, tokenize, lambda side, _: side or clear())
+        warm = paired(self.n, self.warmup, view, tokenize)
+        cold = paired(self.n, self.warmup, view, tokenize, lambda side, _: side or clear())
         tokens = len(enc.encode_ordinary(text))
         raw = f"1 x encode_ordinary of its output ({tokens:,} tokens)"
         label = f"render {RENDER_EXCHANGES} exchanges, 'sql', 2000 tokens"
@@ -415,36 +291,6 @@ class _Bench:
             Pair("render_warm", f"{label}: warm", raw, 0.5, *warm),
             Pair("render_cold", f"{label}: cold", raw, 0.5, *cold),
         )
-
-
-def _machine() -> str:
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    py = platform.python_version()
-    return f"{os.cpu_count()} cores ({model}), {platform.system()}, Python {py}"
-
-
-def format_table(pairs: list[Pair], header: list[str]) -> list[str]:
-    lines = [
-        *header,
-        "",
-        "| figure | p50 µs | p99 µs | raw limit (same run) | p50 µs | p99 µs "
-        "| ratio p50 | ratio p99 | goal (p50) | verdict |",
-        "|---|--:|--:|---|--:|--:|--:|--:|--:|---|",
-    ]
-    for p in pairs:
-        f = {k.split(".", 1)[1]: v for k, v in p.figures().items()}
-        verdict = "PASS" if f["ratio"] <= p.goal else "MISS"
-        lines.append(
-            f"| {p.label} | {f['p50_us']:,.1f} | {f['p99_us']:,.1f} | {p.raw_label} "
-            f"| {f['raw_p50_us']:,.1f} | {f['raw_p99_us']:,.1f} | {f['ratio']:.2f}x "
-            f"| {f['ratio_p99']:.2f}x | <= {p.goal}x | {verdict} |"
-        )
-    return lines
 
 
 def bench_core(
@@ -460,7 +306,7 @@ def bench_core(
     started = time.perf_counter()
     bench = _Bench(database_url, redis_url, iterations)
     try:
-        with _json_logs_to_devnull():
+        with json_logs_to_devnull():
             save = bench.save()
             rehydrate, short_thread = bench.rehydrate()
             hit = bench.get_context(short_thread)
@@ -478,7 +324,7 @@ def bench_core(
         f"$ {COMMAND}",
         f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC · iterations={iterations} "
         f"(rehydration: {len(rehydrate.core)} per side) · wall {results['wall_s']:.1f} s",
-        f"{_machine()} · {versions}",
+        f"{machine()} · {versions}",
     ]
     for line in format_table(pairs, header):
         out(line)

@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
-from memory_core.bench.core import _snapshot
+from memory_core.bench.common import snapshot
 from memory_core.conversation_memory import RedisConversationMemory, ThreadNotFound
 from memory_core.db import get_engine
 from memory_core.redis_client import make_redis
@@ -35,7 +35,7 @@ OWNER = "bench-owner"
 def _turn(tid: uuid.UUID, n: int, answer: str, sql: str) -> dict[str, Any]:
     """The benchmarks' turn, with distinct text (no cache may serve it twice)."""
     query = f"Revenue by region for {2000 + n}, excluding returns ({uuid.uuid4()})"
-    return _snapshot(tid, n, OWNER) | {"user_query": query, "answer": answer, "sql": [sql]}
+    return snapshot(tid, n, OWNER) | {"user_query": query, "answer": answer, "sql": [sql]}
 
 
 def _paired_medians_ms(

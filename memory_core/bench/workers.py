@@ -36,12 +36,12 @@ import redis
 from kombu.transport.memory import Channel as MemoryChannel
 from sqlalchemy.engine import make_url
 
-from memory_core.bench.core import (
-    _LOAD_TURNS,
+from memory_core.bench.common import (
     BASE_TIME,
-    _json_logs_to_devnull,
-    _machine,
-    _snapshot,
+    LOAD_TURNS,
+    json_logs_to_devnull,
+    machine,
+    snapshot,
 )
 from memory_core.conversation_memory import RedisConversationMemory
 from memory_core.devservices.fake_llm import FakeLLMServer
@@ -162,7 +162,7 @@ class _WorkersBench:
         self.threads.append(tid)
         for n in range(1, LONG_THREAD + 1):
             with patch.dict(os.environ, CELERY_BROKER_URL="memory://"):
-                out = save_session_to_thread_safe(_snapshot(tid, n, self.owner), memory=self.memory)
+                out = save_session_to_thread_safe(snapshot(tid, n, self.owner), memory=self.memory)
             if out.status != "saved":
                 raise RuntimeError(f"in-process save of turn {n} failed: {out}")
             if out.fold_published:
@@ -234,7 +234,7 @@ class _WorkersBench:
             summary = "Running summary of the analysis." if through else None
             params = {"id": str(tid), "owner": self.owner, "n": PRELOAD, "through": through}
             self._sql(_THREAD, params | {"summary": summary})
-            self._sql(_LOAD_TURNS, params | {"base": BASE_TIME})
+            self._sql(LOAD_TURNS, params | {"base": BASE_TIME})
             self.memory.get_context(tid, self.owner)
         return tids
 
@@ -259,8 +259,8 @@ class _WorkersBench:
         tids = self._preload(self.n_threads, phased=True)
         warm = self._preload(4, phased=False)  # each folds at once: every child warms its LLM path
         n = len(tids)
-        snaps = [_snapshot(tids[i % n], PRELOAD + 1 + i // n, self.owner) for i in range(self.jobs)]
-        warm_snaps = [_snapshot(t, PRELOAD + k, self.owner) for k in (1, 2, 3) for t in warm]
+        snaps = [snapshot(tids[i % n], PRELOAD + 1 + i // n, self.owner) for i in range(self.jobs)]
+        warm_snaps = [snapshot(t, PRELOAD + k, self.owner) for k in (1, 2, 3) for t in warm]
         self._enqueue(NOOP_TASK, warm_snaps)
         self._enqueue(FINALIZE_TASK, warm_snaps)
         rows = PRELOAD * (n + len(warm)) + len(warm_snaps)
@@ -321,7 +321,7 @@ def bench_workers(
     started = time.perf_counter()
     bench = _WorkersBench(database_url, redis_url, broker_url, jobs)
     try:
-        with _json_logs_to_devnull():
+        with json_logs_to_devnull():
             calls, folds = bench.fold_arithmetic()
             r = bench.throughput()
         versions, worker_command = bench.versions(), bench.worker.command
@@ -344,7 +344,7 @@ def bench_workers(
         f"$ {COMMAND}{flag}",
         f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC · jobs={jobs} over {bench.n_threads} threads "
         f"· wall {r['wall_s']:.1f} s",
-        f"{_machine()} · {versions}",
+        f"{machine()} · {versions}",
         f"worker: {worker_command}; folds call a local fake OpenAI-compatible LLM that "
         "answers at once",
         "",
