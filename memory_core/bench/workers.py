@@ -336,15 +336,43 @@ def bench_workers(
         "prompt.ratio": folds[late] / folds[early],
         "wall_s": time.perf_counter() - started,
     }
+    for line in _report(
+        r,
+        folds=folds,
+        calls=calls,
+        jobs=jobs,
+        broker_url=broker_url,
+        n_threads=bench.n_threads,
+        header=f"{machine()} · {versions}",
+        worker_command=worker_command,
+    ):
+        out(line)
+    return r
+
+
+def _report(
+    r: dict[str, float],
+    *,
+    folds: dict[int, int],
+    calls: int,
+    jobs: int,
+    broker_url: str,
+    n_threads: int,
+    header: str,
+    worker_command: str,
+) -> list[str]:
+    """The table `agent-memory bench workers` prints, verdicts included."""
+    early = min(folds, key=lambda t: (abs(t - EARLY), t))
+    late = min(folds, key=lambda t: (abs(t - LATE), t))
     fold_turns = ", ".join(str(t) for t in sorted(folds) if t <= 100)
     fin, prm = r["finalize.ratio"], r["prompt.ratio"]
     flag = "" if jobs == 2000 else f" --jobs {jobs}"
     flag += f" --broker-url {re.sub(r'//[^/@]*@', '//', broker_url)}"  # without credentials
     lines = [
         f"$ {COMMAND}{flag}",
-        f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC · jobs={jobs} over {bench.n_threads} threads "
+        f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC · jobs={jobs} over {n_threads} threads "
         f"· wall {r['wall_s']:.1f} s",
-        f"{machine()} · {versions}",
+        header,
         f"worker: {worker_command}; folds call a local fake OpenAI-compatible LLM that "
         "answers at once",
         "",
@@ -366,6 +394,4 @@ def bench_workers(
         f"ms, fold {r['task.fold_thread_p50_ms']:.1f} ms, no-op {r['task.bench_noop_p50_ms']:.2f} "
         f"ms; folds took {100 * r['task.fold_share']:.0f}% of the finalize side's task time",
     ]
-    for line in lines:
-        out(line)
-    return r
+    return lines
