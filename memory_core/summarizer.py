@@ -12,6 +12,7 @@ import logging
 import re
 import threading
 import unicodedata
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -208,6 +209,8 @@ class ConversationSummarizer:
                     timeout=s.memory_llm_timeout_s,
                     max_retries=0,  # Celery owns retries
                 )
+                # A host that drops a summarizer without close() still gets its sockets back.
+                weakref.finalize(self, self._openai.close)
             return self._openai
 
     def _lf(self) -> Langfuse | None:

@@ -6,6 +6,7 @@ import subprocess
 import uuid
 
 import pytest
+import redis
 
 from memory_core import RedisConversationMemory, save_session_to_thread_safe
 from memory_core.events import emit_event
@@ -80,7 +81,7 @@ def test_bench_on_a_missing_database_is_one_clear_line() -> None:
     assert len(out.stderr.strip().splitlines()) == 1
 
 
-def test_events_tail_plain_and_with_a_group(redis_client) -> None:  # type: ignore[no-untyped-def]
+def test_events_tail_plain_and_with_a_group(redis_client: redis.Redis) -> None:
     stream = f"memory:events:cli:{uuid.uuid4().hex[:6]}"
     tid = str(uuid.uuid4())
     for attempt in (1, 2):

@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 
 import kubernetes_validate
 import pytest
+import typer.core
 import typer.main
 import yaml
 from kubernetes_validate.utils import all_versions
@@ -90,7 +91,9 @@ def after(args: list[str], flag: str) -> str:
 
 def cli_params(argv: list[str]) -> dict[str, Any]:
     """Parse `agent-memory ARGV` with the real CLI (no invocation): option typos fail here."""
-    commands = typer.main.get_command(cli.app).commands  # type: ignore[attr-defined]
+    group = typer.main.get_command(cli.app)
+    assert isinstance(group, typer.core.TyperGroup)  # an app of several commands
+    commands = group.commands
     name, *rest = argv
     assert name in commands, f"agent-memory has no command {name!r}"
     with commands[name].make_context(name, list(rest)) as ctx:

@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from itertools import islice
+from typing import Any, cast
 from uuid import uuid4
 
 import pytest
@@ -54,9 +55,11 @@ def stream(events_stream: str) -> str:
 
 
 def _raw(r: redis.Redis, stream: str) -> list[tuple[str, dict[str, str]]]:
+    # `r` has no decode_responses: ids, keys and values come back as bytes.
+    entries = cast(list[tuple[bytes, dict[bytes, bytes]]], r.xrange(stream))
     return [
         (eid.decode(), {k.decode(): v.decode() for k, v in fields.items()})
-        for eid, fields in r.xrange(stream)
+        for eid, fields in entries
     ]
 
 
@@ -67,7 +70,8 @@ def _emit_n(r: redis.Redis, stream: str, n: int) -> list[str]:
 
 
 def _pending(r: redis.Redis, stream: str, group: str) -> dict[str, tuple[str, int]]:
-    rows = r.xpending_range(stream, group, "-", "+", 1000)
+    # `r` has no decode_responses: ids and consumer names are bytes, counts int.
+    rows = cast(list[dict[str, Any]], r.xpending_range(stream, group, "-", "+", 1000))
     return {
         row["message_id"].decode(): (row["consumer"].decode(), row["times_delivered"])
         for row in rows
@@ -315,7 +319,7 @@ def test_pending_entry_trimmed_from_stream_is_acked(r: redis.Redis, stream: str)
 
 def test_consumer_with_decoded_responses(stream: str) -> None:
     url = get_settings().redis_url
-    client = redis.Redis.from_url(url, decode_responses=True, protocol=3)  # type: ignore[call-overload]
+    client = redis.Redis.from_url(url, decode_responses=True, protocol=3)
     try:
         eid = emit_event(client, MEMORY_SUMMARIZED, thread_id="t", stream=stream)
         consumer = EventConsumer(client, "g", "c", stream=stream)

@@ -7,6 +7,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import redis
 from sqlalchemy import func, select
 
 from memory_core import ConversationContext, RedisConversationMemory, save_session_to_thread_safe
@@ -130,6 +131,7 @@ def test_invalid_snapshot_is_rejected_before_any_write(memory: RedisConversation
         make_snapshot(tid, 1, agent_type="robot", user_query="x" * 9000), memory=memory
     )
     assert out.status == "rejected" and not out.retryable
+    assert out.reason is not None
     assert "agent_type" in out.reason and "user_query" in out.reason
     with session_scope() as s:
         assert s.scalar(select(func.count()).where(ConversationThread.id == tid)) == 0
@@ -144,7 +146,7 @@ def test_stranger_cannot_write_into_a_thread(memory: RedisConversationMemory) ->
     assert [r.seq for r in _rows(tid)] == [1]
 
 
-def test_postgres_down_reports_failed_not_saved(redis_client) -> None:  # type: ignore[no-untyped-def]
+def test_postgres_down_reports_failed_not_saved(redis_client: redis.Redis) -> None:
     from sqlalchemy import create_engine
 
     dead = create_engine(
@@ -153,13 +155,14 @@ def test_postgres_down_reports_failed_not_saved(redis_client) -> None:  # type: 
     memory = RedisConversationMemory(redis_client, engine=dead)
     tid = uuid.uuid4()
     out = save_session_to_thread_safe(make_snapshot(tid, 1), memory=memory)
-    assert out.status == "failed" and out.retryable and "postgres" in out.reason
+    assert out.status == "failed" and out.retryable
+    assert out.reason is not None and "postgres" in out.reason
     assert not memory.copy.read(tid)[0], "nothing may reach the cache before Postgres commits"
 
 
 def test_redis_down_save_still_lands_and_next_save_repairs_copy(
-    memory: RedisConversationMemory, dead_redis
-) -> None:  # type: ignore[no-untyped-def]
+    memory: RedisConversationMemory, dead_redis: redis.Redis
+) -> None:
     tid = uuid.uuid4()
     for n in (1, 2, 3):
         save_session_to_thread_safe(make_snapshot(tid, n), memory=memory)
@@ -176,7 +179,7 @@ def test_redis_down_save_still_lands_and_next_save_repairs_copy(
 
 
 @pytest.mark.parametrize("ttl_hours", [1, 24])
-def test_every_key_has_a_ttl(redis_client, ttl_hours: float) -> None:  # type: ignore[no-untyped-def]
+def test_every_key_has_a_ttl(redis_client: redis.Redis, ttl_hours: float) -> None:
     memory = RedisConversationMemory(redis_client, ttl_hours=ttl_hours)
     tid = uuid.uuid4()
     save_session_to_thread_safe(make_snapshot(tid, 1), memory=memory)

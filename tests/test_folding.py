@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+import redis
 from sqlalchemy import select, update
 
 from memory_core import RedisConversationMemory, save_session_to_thread_safe
@@ -31,7 +32,7 @@ def _settings(llm: FakeLLMServer | None, **extra: Any) -> Settings:
         values |= {"openai_base_url": llm.base_url, "openai_api_key": "sk-test"}
     else:
         values |= {"openai_base_url": None, "openai_api_key": None}
-    return Settings(_env_file=None, **values | extra)  # type: ignore[call-arg]
+    return Settings(_env_file=None, **values | extra)
 
 
 def _memory(redis_client: Any, settings: Settings) -> RedisConversationMemory:
@@ -60,7 +61,9 @@ def _play(
                 log.append((n, result.through_seq or 0))
 
 
-def test_fold_arithmetic_first_at_21_then_every_11(redis_client, llm: FakeLLMServer) -> None:  # type: ignore[no-untyped-def]
+def test_fold_arithmetic_first_at_21_then_every_11(
+    redis_client: redis.Redis, llm: FakeLLMServer
+) -> None:
     s = _settings(llm)
     memory = _memory(redis_client, s)
     folder = Folder(memory, ConversationSummarizer(s))
@@ -76,8 +79,8 @@ def test_fold_arithmetic_first_at_21_then_every_11(redis_client, llm: FakeLLMSer
 
 
 def test_running_summary_is_carried_into_next_prompt_with_artifact_tail(
-    redis_client, llm: FakeLLMServer
-) -> None:  # type: ignore[no-untyped-def]
+    redis_client: redis.Redis, llm: FakeLLMServer
+) -> None:
     s = _settings(llm)
     memory = _memory(redis_client, s)
     folder = Folder(memory, ConversationSummarizer(s))
@@ -100,7 +103,9 @@ def test_running_summary_is_carried_into_next_prompt_with_artifact_tail(
     assert "[#19]" not in tail
 
 
-def test_fold_is_noop_under_threshold_and_when_repeated(redis_client, llm: FakeLLMServer) -> None:  # type: ignore[no-untyped-def]
+def test_fold_is_noop_under_threshold_and_when_repeated(
+    redis_client: redis.Redis, llm: FakeLLMServer
+) -> None:
     s = _settings(llm)
     memory = _memory(redis_client, s)
     folder = Folder(memory, ConversationSummarizer(s))
@@ -113,7 +118,9 @@ def test_fold_is_noop_under_threshold_and_when_repeated(redis_client, llm: FakeL
     assert folder.fold(uuid.uuid4()).status == "missing"
 
 
-def test_concurrent_folds_one_wins_other_is_noop(redis_client, llm: FakeLLMServer) -> None:  # type: ignore[no-untyped-def]
+def test_concurrent_folds_one_wins_other_is_noop(
+    redis_client: redis.Redis, llm: FakeLLMServer
+) -> None:
     s = _settings(llm)
     memory = _memory(redis_client, s)
     folder = Folder(memory, ConversationSummarizer(s))
@@ -155,7 +162,9 @@ class _Hooked:
         )
 
 
-def test_late_fold_after_lease_expiry_loses_compare_and_set(redis_client, llm) -> None:  # type: ignore[no-untyped-def]
+def test_late_fold_after_lease_expiry_loses_compare_and_set(
+    redis_client: redis.Redis, llm: FakeLLMServer
+) -> None:
     s = _settings(llm)
     memory = _memory(redis_client, s)
     tid = uuid.uuid4()
@@ -179,7 +188,9 @@ def test_late_fold_after_lease_expiry_loses_compare_and_set(redis_client, llm) -
     assert row.fold_lease_token is None
 
 
-def test_turns_arriving_during_a_fold_stay_unfolded(redis_client, llm) -> None:  # type: ignore[no-untyped-def]
+def test_turns_arriving_during_a_fold_stay_unfolded(
+    redis_client: redis.Redis, llm: FakeLLMServer
+) -> None:
     s = _settings(llm)
     memory = _memory(redis_client, s)
     tid = uuid.uuid4()
@@ -199,7 +210,9 @@ def test_turns_arriving_during_a_fold_stay_unfolded(redis_client, llm) -> None: 
 
 
 @pytest.mark.parametrize("mode", ["500", "timeout", "empty", "garbage"])
-def test_llm_failure_modes_count_as_failed_attempts(redis_client, llm, mode: str) -> None:  # type: ignore[no-untyped-def]
+def test_llm_failure_modes_count_as_failed_attempts(
+    redis_client: redis.Redis, llm: FakeLLMServer, mode: str
+) -> None:
     s = _settings(llm)
     memory = _memory(redis_client, s)
     folder = Folder(memory, ConversationSummarizer(s))
@@ -217,7 +230,9 @@ def test_llm_failure_modes_count_as_failed_attempts(redis_client, llm, mode: str
     assert row.last_fold_error and row.fold_lease_token is None
 
 
-def test_backoff_sequence_is_persisted_and_capped(redis_client, llm) -> None:  # type: ignore[no-untyped-def]
+def test_backoff_sequence_is_persisted_and_capped(
+    redis_client: redis.Redis, llm: FakeLLMServer
+) -> None:
     assert [backoff_delay(n) for n in range(1, 10)] == [
         60,
         120,
@@ -242,8 +257,9 @@ def test_backoff_sequence_is_persisted_and_capped(redis_client, llm) -> None:  #
         assert out.attempt == attempt
         delays.append(out.retry_in_s)
         row = _thread_row(tid)
-        due_in = (row.fold_due_at - datetime.now(UTC)).total_seconds()  # type: ignore[operator]
-        assert out.retry_in_s - 30 < due_in <= out.retry_in_s  # type: ignore[operator]
+        assert row.fold_due_at is not None and out.retry_in_s is not None
+        due_in = (row.fold_due_at - datetime.now(UTC)).total_seconds()
+        assert out.retry_in_s - 30 < due_in <= out.retry_in_s
     assert delays == [60, 120, 240, 480, 960, 1920, 3600, 3600]
     llm.set_mode("ok")
     assert folder.fold(tid).status == "folded"
@@ -251,7 +267,9 @@ def test_backoff_sequence_is_persisted_and_capped(redis_client, llm) -> None:  #
     assert (row.fold_attempts, row.fold_due_at, row.last_fold_error) == (0, None, None)
 
 
-def test_llm_down_for_50_turns_then_recovers_with_full_coverage(redis_client, llm) -> None:  # type: ignore[no-untyped-def]
+def test_llm_down_for_50_turns_then_recovers_with_full_coverage(
+    redis_client: redis.Redis, llm: FakeLLMServer
+) -> None:
     s = _settings(llm, memory_fold_max_llm_attempts=100)  # recovery, not the fallback
     memory = _memory(redis_client, s)
     folder = Folder(memory, ConversationSummarizer(s))
@@ -286,7 +304,7 @@ def test_llm_down_for_50_turns_then_recovers_with_full_coverage(redis_client, ll
     assert memory.get_context(tid, "user-42").summary_through_seq == 62
 
 
-def test_without_llm_the_fold_is_llm_free_and_deterministic(redis_client) -> None:  # type: ignore[no-untyped-def]
+def test_without_llm_the_fold_is_llm_free_and_deterministic(redis_client: redis.Redis) -> None:
     s = _settings(None)
     memory = _memory(redis_client, s)
     folder = Folder(memory, ConversationSummarizer(s))
@@ -301,7 +319,9 @@ def test_without_llm_the_fold_is_llm_free_and_deterministic(redis_client) -> Non
     assert "excluding returns" in (summaries[0] or "").lower()
 
 
-def test_a_lost_retry_is_republished_by_a_later_finalize_once(redis_client, llm) -> None:  # type: ignore[no-untyped-def]
+def test_a_lost_retry_is_republished_by_a_later_finalize_once(
+    redis_client: redis.Redis, llm: FakeLLMServer
+) -> None:
     from datetime import timedelta
 
     s = _settings(llm)
@@ -328,8 +348,8 @@ def test_a_lost_retry_is_republished_by_a_later_finalize_once(redis_client, llm)
 
 
 def test_an_error_no_retry_can_fix_falls_back_to_the_llm_free_fold_at_once(
-    redis_client, llm
-) -> None:  # type: ignore[no-untyped-def]
+    redis_client: redis.Redis, llm: FakeLLMServer
+) -> None:
     s = _settings(llm)
     memory = _memory(redis_client, s)
     tid = uuid.uuid4()
@@ -346,7 +366,9 @@ def test_an_error_no_retry_can_fix_falls_back_to_the_llm_free_fold_at_once(
     assert row.summary and row.summary.startswith("Goals:")
 
 
-def test_a_retryable_error_falls_back_after_the_attempts_run_out(redis_client, llm) -> None:  # type: ignore[no-untyped-def]
+def test_a_retryable_error_falls_back_after_the_attempts_run_out(
+    redis_client: redis.Redis, llm: FakeLLMServer
+) -> None:
     s = _settings(llm, memory_fold_max_llm_attempts=3)
     memory = _memory(redis_client, s)
     folder = Folder(memory, ConversationSummarizer(s))

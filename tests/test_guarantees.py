@@ -44,7 +44,7 @@ def _settings(llm: FakeLLMServer | None = None, **extra: Any) -> Settings:
         "openai_api_key": "sk-test" if llm else None,
         "memory_llm_timeout_s": 2.0,
     }
-    return Settings(_env_file=None, **values | extra)  # type: ignore[call-arg]
+    return Settings(_env_file=None, **values | extra)
 
 
 @pytest.fixture
@@ -233,7 +233,7 @@ class _Exploding:
 
 def test_an_unexpected_error_in_a_fold_is_a_counted_attempt(live: RedisConversationMemory) -> None:
     tid = _thread(live, 21)
-    out = Folder(live, _Exploding()).fold(tid)  # type: ignore[arg-type]
+    out = Folder(live, _Exploding()).fold(tid)
     assert (out.status, out.attempt, out.retry_in_s) == ("failed", 1, 60)
     assert out.error and out.error.startswith("RuntimeError at ")
     row = _row(tid)

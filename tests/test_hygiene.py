@@ -173,7 +173,7 @@ def test_a_failed_fold_carries_no_content(
 ) -> None:
     with FakeLLMServer(mode=mode) as llm:
         s = Settings(
-            _env_file=None,  # type: ignore[call-arg]
+            _env_file=None,
             openai_base_url=llm.base_url,
             openai_api_key="sk-test",
             langfuse_public_key=None,

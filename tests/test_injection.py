@@ -78,7 +78,7 @@ def _check_view(view: str) -> None:
 
 def _settings(llm: FakeLLMServer | None) -> Settings:
     return Settings(
-        _env_file=None,  # type: ignore[call-arg]
+        _env_file=None,
         openai_base_url=llm.base_url if llm else None,
         openai_api_key="sk-test" if llm else None,
         langfuse_public_key=None,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
+import redis
 from sqlalchemy import update
 
 from memory_core import RedisConversationMemory, ThreadNotFound, save_session_to_thread_safe
@@ -30,8 +31,8 @@ def _set_summary(tid: uuid.UUID, summary: str, through: int) -> None:
 
 
 def test_hit_is_one_round_trip_and_equals_rehydration(
-    memory: RedisConversationMemory, redis_client
-) -> None:  # type: ignore[no-untyped-def]
+    memory: RedisConversationMemory, redis_client: redis.Redis
+) -> None:
     tid = _thread(memory, 12)
     before = redis_client.info("stats")["total_commands_processed"]
     hit = memory.get_context(tid, "user-42")
@@ -95,7 +96,9 @@ def test_stranger_and_unknown_get_the_same_error(memory: RedisConversationMemory
     assert memory.get_context(tid, "user-42").recent[-1].seq == 2
 
 
-def test_redis_down_reads_postgres(memory: RedisConversationMemory, dead_redis) -> None:  # type: ignore[no-untyped-def]
+def test_redis_down_reads_postgres(
+    memory: RedisConversationMemory, dead_redis: redis.Redis
+) -> None:
     tid = _thread(memory, 3)
     offline = RedisConversationMemory(dead_redis)
     assert offline.get_context(tid, "user-42") == memory.get_context(tid, "user-42")
@@ -103,7 +106,7 @@ def test_redis_down_reads_postgres(memory: RedisConversationMemory, dead_redis) 
         offline.get_context(tid, "mallory")
 
 
-def test_unfolded_turns_are_capped_while_folding_fails(redis_client) -> None:  # type: ignore[no-untyped-def]
+def test_unfolded_turns_are_capped_while_folding_fails(redis_client: redis.Redis) -> None:
     memory = RedisConversationMemory(redis_client)
     assert memory.max_unfolded_messages == 40  # documented: 2 x compression_threshold
     tid = _thread(memory, 47)  # no fold worker runs here: nothing gets folded
@@ -114,7 +117,9 @@ def test_unfolded_turns_are_capped_while_folding_fails(redis_client) -> None:  #
     assert memory.get_context(tid, "user-42") == ctx
 
 
-def test_constructor_arguments_override_settings(redis_client, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_constructor_arguments_override_settings(
+    redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from memory_core.settings import Settings
 
     monkeypatch.setenv("MEMORY_TTL_HOURS", "2")
@@ -130,7 +135,7 @@ def test_constructor_arguments_override_settings(redis_client, monkeypatch) -> N
         RedisConversationMemory(redis_client, max_unfolded_messages=10)
 
 
-def test_parsed_context_cache_never_serves_a_changed_copy(redis_client) -> None:  # type: ignore[no-untyped-def]
+def test_parsed_context_cache_never_serves_a_changed_copy(redis_client: redis.Redis) -> None:
     reader = RedisConversationMemory(redis_client)  # e.g. an agent API process
     writer = RedisConversationMemory(redis_client, local_cache_size=0)  # e.g. a worker
     tid = _thread(writer, 3)

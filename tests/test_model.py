@@ -31,6 +31,7 @@ import os
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import pytest
@@ -128,13 +129,13 @@ def world(faulty_redis: FaultyRedis) -> Iterator[World]:
             redis=server,
             llm=llm,
             settings=Settings(
-                _env_file=None,  # type: ignore[call-arg]
+                _env_file=None,
                 openai_base_url=llm.base_url,
                 openai_api_key="sk-test",
                 **base,
             ),
             llm_free=Settings(
-                _env_file=None,  # type: ignore[call-arg]
+                _env_file=None,
                 openai_base_url=None,
                 openai_api_key=None,
                 **base,
@@ -392,7 +393,7 @@ class MemoryMachine(RuleBasedStateMachine):
         for t in self.threads:
             if not t.snapshots:
                 continue
-            ctx = self.quietly(lambda t=t: self.memory.get_context(t.tid, t.owner))
+            ctx = self.quietly(partial(self.memory.get_context, t.tid, t.owner))
             n = len(t.snapshots)
             with session_scope() as s:
                 summary = s.scalar(
@@ -458,7 +459,8 @@ def test_memory_guarantees_hold_under_interleaved_operations_and_faults(world: W
     examples = int(os.environ.get("MEMORY_MODEL_EXAMPLES", "12"))
     steps = int(os.environ.get("MEMORY_MODEL_STEPS", "40"))
     run_state_machine_as_test(
-        lambda: MemoryMachine(world),
+        # Hypothesis documents "a class or a function" here; its annotation says only a class.
+        lambda: MemoryMachine(world),  # type: ignore[arg-type]
         settings=settings(
             max_examples=examples,
             stateful_step_count=steps,

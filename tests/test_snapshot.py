@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 from sqlalchemy import func, select
 
-from memory_core import TurnSnapshot, save_session_to_thread_safe
+from memory_core import RedisConversationMemory, TurnSnapshot, save_session_to_thread_safe
+from memory_core.artifacts import SqlArtifact
 from memory_core.db import session_scope
 from memory_core.models import ConversationThread, ThreadMessage
 from tests.support.snapshots import make_snapshot
@@ -59,15 +60,16 @@ BAD: list[tuple[str, dict[str, Any]]] = [
 
 @pytest.mark.parametrize(("field", "change"), BAD, ids=[f"{f}-{i}" for i, (f, _) in enumerate(BAD)])
 def test_bad_input_names_the_field_and_writes_nothing(
-    field: str, change: dict[str, Any], memory
-) -> None:  # type: ignore[no-untyped-def]
+    field: str, change: dict[str, Any], memory: RedisConversationMemory
+) -> None:
     tid = uuid.uuid4()
     snap = {**make_snapshot(tid, 1), **change}
     with pytest.raises(ValidationError) as err:
         TurnSnapshot.model_validate(snap)
     assert field in str(err.value)
     out = save_session_to_thread_safe(snap, memory=memory)
-    assert out.status == "rejected" and field in out.reason and not out.retryable
+    assert out.status == "rejected" and not out.retryable
+    assert out.reason is not None and field in out.reason
     with session_scope() as s:
         assert s.scalar(select(func.count()).where(ConversationThread.id == tid)) == 0
 
@@ -140,7 +142,8 @@ def test_hostile_text_round_trips_unchanged(query: str, answer: str, sql: str, o
     assert out.status == "saved", out.reason
     hit = memory.get_context(tid, owner)
     assert (hit.recent[0].user_query, hit.recent[0].answer) == (query, answer)
-    assert hit.recent[0].artifacts[0].sql == sql  # type: ignore[union-attr]
+    artifact = hit.recent[0].artifacts[0]
+    assert isinstance(artifact, SqlArtifact) and artifact.sql == sql
     memory.invalidate(tid)
     assert memory.get_context(tid, owner) == hit
     with session_scope() as s:

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 from langfuse import Langfuse
-from langfuse._client.resource_manager import LangfuseResourceManager
 
 from memory_core.artifacts import derive_artifacts
 from memory_core.context import Exchange
@@ -50,16 +49,10 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def public_key() -> Iterator[str]:
+def public_key() -> str:
     """A fresh Langfuse public key per test: the SDK keeps one resource manager (HTTP client,
     span processor, prompt cache) per key per process, so a new key means no shared state."""
-    key = f"pk-lf-test-{uuid.uuid4().hex}"
-    yield key
-    manager = LangfuseResourceManager._instances.pop(key, None)
-    if manager is not None:
-        manager.shutdown()
-        if manager.tracer_provider is not None:
-            manager.tracer_provider.shutdown()
+    return f"pk-lf-test-{uuid.uuid4().hex}"  # its manager is closed by _close_langfuse_clients
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from memory_core.artifacts import (
+    Artifact,
     DashboardArtifact,
     SqlArtifact,
     VisualizationArtifact,
@@ -18,7 +19,12 @@ from memory_core.artifacts import (
 )
 from memory_core.context import ConversationContext, Exchange
 from memory_core.tokens import count_tokens, encoding
-from memory_core.views import TRUNCATED_MARKER, render_conversation_context, render_exchange
+from memory_core.views import (
+    TRUNCATED_MARKER,
+    Focus,
+    render_conversation_context,
+    render_exchange,
+)
 
 SQL = (
     "SELECT region,\n       SUM(revenue) AS revenue\nFROM sales\nWHERE year = 2025\nGROUP BY region"
@@ -29,7 +35,9 @@ VIZ = VisualizationArtifact(
 DASH = DashboardArtifact(id=3, name="Sales 2025", widget_count=2, visualization_ids=[17])
 
 
-def _ex(seq: int, query: str = "q", answer: str = "a", arts: list | None = None) -> Exchange:  # type: ignore[type-arg]
+def _ex(
+    seq: int, query: str = "q", answer: str = "a", arts: list[Artifact] | None = None
+) -> Exchange:
     return Exchange(
         seq=seq,
         session_id=uuid.UUID(int=seq),
@@ -93,6 +101,7 @@ def test_summary_alone_over_budget_is_cut_with_marker() -> None:
 
 def test_bad_focus_and_budget_are_rejected() -> None:
     with pytest.raises(ValueError, match="focus must be one of"):
+        # "charts" is no Focus: the call is wrong on purpose.
         render_conversation_context(_ctx(1), "charts", 100)  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         render_conversation_context(_ctx(1), "sql", -1)
@@ -145,19 +154,19 @@ def contexts(draw: st.DrawFn) -> ConversationContext:
     budget=st.integers(0, 3000),
 )
 def test_view_never_exceeds_budget_and_keeps_summary(
-    ctx: ConversationContext, focus: str, budget: int
+    ctx: ConversationContext, focus: Focus, budget: int
 ) -> None:
-    out = render_conversation_context(ctx, focus, budget)  # type: ignore[arg-type]
+    out = render_conversation_context(ctx, focus, budget)
     # Exact count of the whole output, independent of the per-part accounting.
     assert len(encoding().encode_ordinary(out)) <= budget
-    assert out == render_conversation_context(ctx, focus, budget)  # type: ignore[arg-type]
+    assert out == render_conversation_context(ctx, focus, budget)
     if ctx.summary and ctx.summary.strip() and budget >= 40:
         assert out.startswith("Conversation summary:\n")
         full = indent_block(ctx.summary.strip("\n").rstrip()) in out
         assert full or TRUNCATED_MARKER in out
     if ctx.recent:
         # Room for the newest exchange whenever it fits in half the budget.
-        newest = render_exchange(ctx.recent[-1], focus)  # type: ignore[arg-type]
+        newest = render_exchange(ctx.recent[-1], focus)
         if count_tokens("Recent exchanges (oldest first):\n" + newest) <= budget // 2:
             assert f"[#{ctx.recent[-1].seq}] User: " in out
     kept = [e.seq for e in ctx.recent if f"[#{e.seq}] User: " in out]

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from memory_core import (
+    ConversationContext,
     RedisConversationMemory,
     render_conversation_context,
     save_session_to_thread_safe,
@@ -56,9 +57,9 @@ STRANGERS = [
 ]
 
 
-def _error(call: Callable[[], Any]) -> tuple[str, str]:
+def _error(call: Callable[..., Any], *args: Any) -> tuple[str, str]:
     try:
-        call()
+        call(*args)
     except Exception as exc:  # the type and message are what a caller sees
         return type(exc).__name__, str(exc)
     return "returned", ""
@@ -85,71 +86,96 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
     return run_module("memory_core.cli", *args, env=env)
 
 
-def test_a_thread_is_never_returned_to_another_owner(stack: Stack) -> None:
-    memory = RedisConversationMemory()
-    tid = uuid.uuid4()
-    for n in range(1, 26):  # past the first fold threshold: a summary-less long thread
+def _a_long_thread(memory: RedisConversationMemory, tid: uuid.UUID) -> ConversationContext:
+    """25 turns of OWNER's, past the first fold threshold: a summary-less long thread."""
+    for n in range(1, 26):
         assert save_session_to_thread_safe(make_snapshot(tid, n, owner_id=OWNER), memory=memory).ok
     own = memory.get_context(tid, OWNER)
     assert [e.seq for e in own.recent] == list(range(1, 26))
     for focus in ("brief", "sql", "visualizations"):
-        assert "Revenue by region" in render_conversation_context(own, focus)  # type: ignore[arg-type]
-    dead = RedisConversationMemory(make_redis(f"redis://127.0.0.1:{free_port()}/0"))
+        assert "Revenue by region" in render_conversation_context(own, focus)
+    return own
+
+
+def _check_reads(
+    memory: RedisConversationMemory, dead: RedisConversationMemory, tid: uuid.UUID, stranger: str
+) -> int:
+    """The stranger, against a cached copy, an expired one, and with Redis down."""
     checks = 0
-    # Each stranger, against a cached copy, an expired one, and with Redis down.
-    for stranger in STRANGERS:
-        for state in ("cached", "expired", "redis down"):
-            m = dead if state == "redis down" else memory
-            if state == "cached":
-                memory.get_context(tid, OWNER)
-            elif state == "expired":
-                memory.invalidate(tid)
-            other = uuid.uuid4()
-            got = _error(lambda m=m, s=stranger: m.get_context(tid, s))
-            unknown = _error(lambda m=m, s=stranger, o=other: m.get_context(o, s))
-            assert _same(got, unknown, tid, other), (stranger, state, got, unknown)
-            checks += 1
-            if state == "expired":  # a stranger's miss must not rebuild the copy for them
-                assert memory.copy.read(tid) == ({}, [])
-        # A stranger cannot write into the thread either (rejected, as for a foreign id).
-        out = save_session_to_thread_safe(
-            make_snapshot(tid, 99, owner_id=stranger or "x"), memory=memory
+    for state in ("cached", "expired", "redis down"):
+        m = dead if state == "redis down" else memory
+        if state == "cached":
+            memory.get_context(tid, OWNER)
+        elif state == "expired":
+            memory.invalidate(tid)
+        other = uuid.uuid4()
+        got = _error(m.get_context, tid, stranger)
+        unknown = _error(m.get_context, other, stranger)
+        assert _same(got, unknown, tid, other), (stranger, state, got, unknown)
+        checks += 1
+        if state == "expired":  # a stranger's miss must not rebuild the copy for them
+            assert memory.copy.read(tid) == ({}, [])
+    return checks
+
+
+def _check_write_and_finders(memory: RedisConversationMemory, tid: uuid.UUID, stranger: str) -> int:
+    """The stranger cannot write into the thread, nor find it in a transcript or a history."""
+    # A stranger cannot write into the thread either (rejected, as for a foreign id).
+    out = save_session_to_thread_safe(
+        make_snapshot(tid, 99, owner_id=stranger or "x"), memory=memory
+    )
+    assert out.status == "rejected", (stranger, out)
+    # Finders: the transcript page and the history list.
+    with session_scope() as s:
+        page = _error(lambda: _empty(ThreadMessage.transcript(s, tid, stranger)))
+        none = _error(lambda: _empty(ThreadMessage.transcript(s, uuid.uuid4(), stranger)))
+        assert page == none, (stranger, page, none)
+    with session_scope() as s:
+        history = _error(
+            lambda: _absent(tid, ConversationThread.history(s, stranger, include_archived=True))
         )
-        assert out.status == "rejected", (stranger, out)
-        # Finders: the transcript page and the history list.
-        with session_scope() as s:
-            page = _error(lambda s=s, o=stranger: _empty(ThreadMessage.transcript(s, tid, o)))
-            none = _error(
-                lambda s=s, o=stranger: _empty(ThreadMessage.transcript(s, uuid.uuid4(), o))
-            )
-            assert page == none, (stranger, page, none)
-        with session_scope() as s:
-            history = _error(
-                lambda s=s, o=stranger: _absent(
-                    tid, ConversationThread.history(s, o, include_archived=True)
-                )
-            )
-            assert history[0] in ("returned", "ValueError", "UnicodeEncodeError"), history
-        checks += 4
-    # Malformed thread ids: the same answer as an unknown thread, for owner and stranger.
+        assert history[0] in ("returned", "ValueError", "UnicodeEncodeError"), history
+    return 4
+
+
+def _check_malformed_ids(memory: RedisConversationMemory, tid: uuid.UUID) -> int:
+    """Malformed thread ids: the same answer as an unknown thread, for owner and stranger."""
+    checks = 0
     for bad in ("", "not-a-uuid", str(tid).upper() + "x", "' OR 1=1 --"):
         for who in (OWNER, "owner-8"):
-            kind, message = _error(lambda b=bad, w=who: memory.get_context(b, w))
+            kind, message = _error(memory.get_context, bad, who)
             assert (kind, message) == ("ThreadNotFound", f"thread {bad} not found")
             checks += 1
-    # The owner still sees everything, unchanged by all of the above.
-    assert memory.get_context(tid, OWNER) == own
+    return checks
 
-    # The LangGraph node: a stranger's run starts with an empty context, as for a new thread.
+
+def _check_the_langgraph_node(memory: RedisConversationMemory, tid: uuid.UUID) -> int:
+    """The LangGraph node: a stranger's run starts with an empty context, as for a new thread."""
     try:
         from memory_core.langgraph import load_conversation_context
     except ImportError:  # pragma: no cover - the module is optional
-        load_conversation_context = None  # type: ignore[assignment]
-    if load_conversation_context is not None:
-        for stranger in STRANGERS[:8]:
-            state = load_conversation_context({"thread_id": str(tid), "owner_id": stranger}, memory)
-            assert state["conversation_context"]["recent"] == []
-            checks += 1
+        return 0
+    checks = 0
+    for stranger in STRANGERS[:8]:
+        state = load_conversation_context({"thread_id": str(tid), "owner_id": stranger}, memory)
+        assert state["conversation_context"]["recent"] == []
+        checks += 1
+    return checks
+
+
+def test_a_thread_is_never_returned_to_another_owner(stack: Stack) -> None:
+    memory = RedisConversationMemory()
+    tid = uuid.uuid4()
+    own = _a_long_thread(memory, tid)
+    dead = RedisConversationMemory(make_redis(f"redis://127.0.0.1:{free_port()}/0"))
+    checks = 0
+    for stranger in STRANGERS:
+        checks += _check_reads(memory, dead, tid, stranger)
+        checks += _check_write_and_finders(memory, tid, stranger)
+    checks += _check_malformed_ids(memory, tid)
+    # The owner still sees everything, unchanged by all of the above.
+    assert memory.get_context(tid, OWNER) == own
+    checks += _check_the_langgraph_node(memory, tid)
 
     cli_checks = _check_the_command_line(tid)
     stranger_ms, unknown_ms = _refusal_times(memory, tid)

@@ -64,9 +64,12 @@ def test_jobs_held_across_a_redis_restart_are_handed_back_on_reconnect(
             return
         assert (client.llen(queue.name), client.hlen("unacked")) == (3, 0)
         got: list[int] = []
-        with conn.Consumer(
-            [queue], callbacks=[lambda body, m: (got.append(body["n"]), m.ack())], accept=["json"]
-        ):
+
+        def take(body: dict[str, Any], message: Any) -> None:
+            got.append(body["n"])
+            message.ack()
+
+        with conn.Consumer([queue], callbacks=[take], accept=["json"]):
             while len(got) < 3:
                 conn.drain_events(timeout=5)
     assert sorted(got) == [0, 1, 2]

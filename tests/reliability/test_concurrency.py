@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from memory_core import RedisConversationMemory, save_session_to_thread_safe
+from memory_core import RedisConversationMemory, SaveOutcome, save_session_to_thread_safe
 from memory_core.devservices.fake_llm import FakeLLMServer
 from memory_core.folding import Folder, FoldOutcome
 from memory_core.settings import Settings
@@ -37,7 +37,7 @@ def _settings(llm: FakeLLMServer, **extra: Any) -> Settings:
         "langfuse_secret_key": None,
         "memory_llm_timeout_s": 10.0,
     }
-    return Settings(_env_file=None, **values | extra)  # type: ignore[call-arg]
+    return Settings(_env_file=None, **values | extra)
 
 
 def _race(n: int, work: Callable[[int], Any]) -> list[Any]:
@@ -64,9 +64,11 @@ def test_sixteen_concurrent_finalizes_on_one_thread(stack: Stack) -> None:
         snaps = [make_snapshot(tid, n) for n in range(1, 17)]
         sent |= {s["session_id"]: tid for s in snaps}
         if r % 2 == 0:
-            outs = _race(
-                16, lambda i, snaps=snaps: save_session_to_thread_safe(snaps[i], memory=memory)
-            )
+
+            def save_one(i: int, snaps: list[dict[str, Any]] = snaps) -> SaveOutcome:
+                return save_session_to_thread_safe(snaps[i], memory=memory)
+
+            outs = _race(16, save_one)
         else:
             # Every racer delivers all 16 turns in its own order: 256 deliveries, 16 turns.
             def deliver_all(i: int, snaps: list[dict[str, Any]] = snaps) -> list[Any]:
@@ -123,7 +125,11 @@ def test_two_folds_racing_one_wins_the_other_is_a_noop(stack: Stack, llm: FakeLL
     for _ in range(5):
         tid = _thread_of(memory, 21)
         calls = llm.calls
-        outs: list[FoldOutcome] = _race(2, lambda i, tid=tid: folders[i].fold(tid))
+
+        def fold_one(i: int, tid: uuid.UUID = tid) -> FoldOutcome:
+            return folders[i].fold(tid)
+
+        outs: list[FoldOutcome] = _race(2, fold_one)
         assert sorted(o.status for o in outs) == ["busy", "folded"]
         assert llm.calls == calls + 1, "the losing fold called the LLM"
         assert folders[0].fold(tid).status == "noop"  # a repeated fold is a no-op

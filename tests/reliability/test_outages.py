@@ -184,6 +184,7 @@ def _restart_redis(
     and how many jobs were at risk. Checks an event emitted before the stop survived."""
     client = stack.client()
     marker = emit_event(client, "reliability_probe", stream=events_stream)
+    assert marker is not None  # Redis is up here: the probe is written
     # Jobs queued or held by the worker at the fault: they must survive it (AOF).
     at_risk = held_finalize_jobs(client) | queued_finalize_jobs(client)
     at_risk -= landed(at_risk)

@@ -20,6 +20,7 @@ from memory_core.devservices.poll import wait_for
 from memory_core.devservices.ports import free_port
 from memory_core.devservices.workers import WorkerProcess
 from memory_core.events import EventConsumer
+from memory_core.models import ConversationThread
 from memory_core.redis_client import make_redis
 from tests.support import figures
 from tests.support.fake_langfuse import HangingServer
@@ -32,7 +33,7 @@ from tests.support.workers import send_finalize, send_fold
 pytestmark = [pytest.mark.reliability, pytest.mark.timeout(240)]
 
 
-def _row(tid: uuid.UUID):  # type: ignore[no-untyped-def]
+def _row(tid: uuid.UUID) -> ConversationThread:
     return thread_rows([tid])[tid]
 
 
@@ -51,11 +52,13 @@ def test_llm_failing_for_50_turns_then_recovering(
     consumer.ensure_group()
     failed_events = 0
 
-    def drain() -> None:
+    def drain() -> int:
+        """Read and ack what is there; the failure events seen so far."""
         nonlocal failed_events
         for e in consumer.read(count=100):
             failed_events += e.event == "memory_summarization_failed"
             consumer.ack(e.id)
+        return failed_events
 
     tid = uuid.uuid4()
     sent: dict[str, uuid.UUID] = {}
@@ -71,7 +74,7 @@ def test_llm_failing_for_50_turns_then_recovering(
     wait_for(lambda: _row(tid).summary_through_seq == 11, 30, "the first fold", w.log)
     llm.set_mode("500")
     attempts = _fifty_turns_while_folds_fail(tid, turn, agent)
-    wait_for(lambda: (drain(), failed_events >= attempts)[1], 30, "the failure events")
+    wait_for(lambda: drain() >= attempts, 30, "the failure events")
     row = _row(tid)
     assert failed_events == row.fold_attempts == attempts, (failed_events, row.fold_attempts)
     ok_from = llm.calls
@@ -106,7 +109,11 @@ def _fifty_turns_while_folds_fail(
             if n > 32:
                 send_fold(agent, str(tid))
             attempts += 1
-            wait_for(lambda a=attempts: _row(tid).fold_attempts >= a, 30, "a fold attempt")
+
+            def attempted(a: int = attempts) -> bool:
+                return _row(tid).fold_attempts >= a
+
+            wait_for(attempted, 30, "a fold attempt")
         ctx = RedisConversationMemory().get_context(tid, "user-42")
         assert ctx.summary_through_seq == 11
         assert [e.seq for e in ctx.recent] == list(range(max(12, n - 39), n + 1))  # the cap

@@ -122,6 +122,7 @@ class InProcessAgent(_AgentThreads):
 
     def save(self, memory: RedisConversationMemory, snap: dict[str, Any]) -> Outcome:
         t0 = time.monotonic()
+        status: str  # a SaveOutcome's, or "raised"
         try:
             out = save_session_to_thread_safe(snap, memory=memory)
             status, cache, seq = out.status, out.cache, out.seq

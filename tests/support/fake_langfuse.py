@@ -26,7 +26,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
-from memory_core.devservices.fake_llm import JSONHandler, LocalServer
+from memory_core.devservices.fake_llm import JSONHandler, LocalServer, _HTTPServer
 
 MODES = ("served", "401", "404", "500")
 
@@ -78,8 +78,10 @@ def decode_otlp(body: bytes, encoding: str | None) -> list[dict[str, Any]]:
 
 
 class _Handler(JSONHandler):
+    server: _HTTPServer  # its owner is the FakeLangfuseServer (LocalServer)
+
     def do_GET(self) -> None:
-        owner = self.server.owner
+        owner: FakeLangfuseServer = self.server.owner
         path = urlsplit(self.path).path
         prefix = "/api/public/v2/prompts/"
         if not path.startswith(prefix):
@@ -107,7 +109,7 @@ class _Handler(JSONHandler):
             self.send_json(200, owner.prompt_payload(name))
 
     def do_POST(self) -> None:
-        owner = self.server.owner
+        owner: FakeLangfuseServer = self.server.owner
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         path = urlsplit(self.path).path
         if path == "/api/public/otel/v1/traces":
@@ -145,6 +147,7 @@ class FakeLangfuseServer(LocalServer):
         self.spans: list[dict[str, Any]] = []
         self.otel_headers: list[dict[str, str]] = []
         self.ingestion: list[Any] = []
+        self.text_prompt: tuple[str, int] | None = None  # (template, version)
 
     @property
     def base_url(self) -> str:
@@ -153,7 +156,11 @@ class FakeLangfuseServer(LocalServer):
     def serve_text_prompt(self, template: str, version: int) -> None:
         """Serve `template` (a text prompt, as written in the Langfuse UI) from now on."""
 
-        def payload(name: str) -> dict[str, Any]:
+        self.text_prompt = (template, version)
+
+    def prompt_payload(self, name: str) -> dict[str, Any]:
+        if self.text_prompt is not None:
+            template, version = self.text_prompt
             return {
                 "type": "text",
                 "name": name,
@@ -163,10 +170,6 @@ class FakeLangfuseServer(LocalServer):
                 "labels": ["production"],
                 "tags": [],
             }
-
-        self.prompt_payload = payload  # type: ignore[method-assign]
-
-    def prompt_payload(self, name: str) -> dict[str, Any]:
         prompt: Any = TEXT_TEMPLATE if self.prompt_type == "text" else CHAT_TEMPLATE
         return {
             "type": self.prompt_type,

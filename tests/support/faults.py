@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import redis
-from sqlalchemy import Engine, create_engine, text
+from sqlalchemy import Connection, Engine, create_engine, text
 from sqlalchemy.engine import make_url
 
 from memory_core.devservices.ports import free_port
@@ -81,7 +81,7 @@ class RowLock:
 
     def __init__(self, database_url: str) -> None:
         self._engine = create_engine(database_url)
-        self._conn = None
+        self._conn: Connection | None = None
         self.held: set[uuid.UUID] = set()
 
     def hold(self, thread_id: uuid.UUID) -> bool:

@@ -27,6 +27,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg2
 import pytest
 import redis
+from redis import Redis
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
@@ -210,5 +211,5 @@ class Stack:
     def redis_url(self) -> str:
         return self.redis.url
 
-    def client(self) -> redis.Redis:
+    def client(self) -> Redis:  # (`redis` in this class is the field, not the module)
         return redis.Redis.from_url(self.redis.url)

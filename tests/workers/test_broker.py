@@ -100,7 +100,7 @@ def _die_mid_take(url: str, queue: Queue, transport: str) -> None:
     assert done.returncode == -9, done.stderr.decode()
 
 
-def _find_unacked(broker: redis.Redis, body: Any) -> tuple[bytes, list[Any]] | None:
+def _find_unacked(broker: redis.Redis, body: Any) -> tuple[bytes | str, list[Any]] | None:
     for tag, entry in broker.hgetall("unacked").items():
         message, exchange, routing_key = loads(entry)
         if loads(base64.b64decode(message["body"])) == body:  # kombu's body_encoding

@@ -7,11 +7,14 @@ import random
 import signal
 import time
 import uuid
+from collections.abc import Callable
 
 import redis
+from celery import Celery
 
 from memory_core.devservices.fake_llm import FakeLLMServer
 from memory_core.devservices.poll import wait_for
+from memory_core.devservices.workers import WorkerProcess
 from tests.support.snapshots import make_snapshot
 from tests.support.state import count_stored, stored, thread_row
 from tests.support.workers import send_finalize, send_fold
@@ -28,8 +31,8 @@ def _assert_exactly_once(
 
 
 def _send_load(
-    agent, threads: int, per_thread: int
-) -> tuple[list[uuid.UUID], dict[uuid.UUID, set[str]]]:  # type: ignore[no-untyped-def]
+    agent: Celery, threads: int, per_thread: int
+) -> tuple[list[uuid.UUID], dict[uuid.UUID, set[str]]]:
     tids = [uuid.uuid4() for _ in range(threads)]
     sent: dict[uuid.UUID, set[str]] = {t: set() for t in tids}
     for n in range(1, per_thread + 1):
@@ -40,7 +43,9 @@ def _send_load(
     return tids, sent
 
 
-def test_children_killed_repeatedly_lose_and_duplicate_nothing(start_worker, agent) -> None:  # type: ignore[no-untyped-def]
+def test_children_killed_repeatedly_lose_and_duplicate_nothing(
+    start_worker: Callable[..., WorkerProcess], agent: Celery
+) -> None:
     w = start_worker(concurrency=2)
     tids, sent = _send_load(agent, threads=5, per_thread=60)
     kills = 0
@@ -62,8 +67,8 @@ def test_children_killed_repeatedly_lose_and_duplicate_nothing(start_worker, age
 
 
 def test_child_killed_mid_fold_the_fold_is_redelivered_and_lands_once(
-    start_worker, agent, llm: FakeLLMServer
-) -> None:  # type: ignore[no-untyped-def]
+    start_worker: Callable[..., WorkerProcess], agent: Celery, llm: FakeLLMServer
+) -> None:
     w = start_worker(concurrency=1, env={"MEMORY_FOLD_LEASE_S": "3"})
     tid = uuid.uuid4()
     for n in range(1, 21):
@@ -88,7 +93,9 @@ def _thread_through(tid: uuid.UUID) -> int | None:
     return None if row is None else row.summary_through_seq
 
 
-def test_whole_worker_killed_jobs_redelivered_after_visibility_timeout(start_worker, agent) -> None:  # type: ignore[no-untyped-def]
+def test_whole_worker_killed_jobs_redelivered_after_visibility_timeout(
+    start_worker: Callable[..., WorkerProcess], agent: Celery
+) -> None:
     # Lowered from the production ~70 min so the bound can be observed in a test.
     env = {"MEMORY_VISIBILITY_TIMEOUT_S": "5", "MEMORY_UNACKED_RESTORE_INTERVAL_S": "1"}
     tids, sent = _send_load(agent, threads=4, per_thread=50)
@@ -97,7 +104,11 @@ def test_whole_worker_killed_jobs_redelivered_after_visibility_timeout(start_wor
     for _ in range(3):  # a kill between two jobs takes nothing down: kill another
         first = start_worker(concurrency=2, env=env)
         progress = count_stored(tids) + 20
-        wait_for(lambda p=progress: count_stored(tids) >= p, 60, "some progress", first.log)
+
+        def progressed(p: int = progress) -> bool:
+            return count_stored(tids) >= p
+
+        wait_for(progressed, 60, "some progress", first.log)
         first.kill_hard()  # main process and children: nothing is handed back
         kills += 1
         landed_at_kill = count_stored(tids)
@@ -120,7 +131,9 @@ def test_whole_worker_killed_jobs_redelivered_after_visibility_timeout(start_wor
     )
 
 
-def test_sigterm_hands_back_what_the_worker_holds(start_worker, agent, llm: FakeLLMServer) -> None:  # type: ignore[no-untyped-def]
+def test_sigterm_hands_back_what_the_worker_holds(
+    start_worker: Callable[..., WorkerProcess], agent: Celery, llm: FakeLLMServer
+) -> None:
     first = start_worker(concurrency=2)
     tids, sent = _send_load(agent, threads=4, per_thread=40)
     wait_for(lambda: count_stored(tids) >= 10, 60, "some progress", first.log)
@@ -142,8 +155,8 @@ def test_sigterm_hands_back_what_the_worker_holds(start_worker, agent, llm: Fake
 
 
 def test_sigterm_during_a_slow_fold_hands_the_fold_back(
-    start_worker, agent, llm: FakeLLMServer
-) -> None:  # type: ignore[no-untyped-def]
+    start_worker: Callable[..., WorkerProcess], agent: Celery, llm: FakeLLMServer
+) -> None:
     first = start_worker(
         concurrency=1, env={"MEMORY_WORKER_SOFT_SHUTDOWN_S": "2", "MEMORY_FOLD_LEASE_S": "3"}
     )

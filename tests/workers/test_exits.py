@@ -15,10 +15,12 @@ from typing import Any
 
 import pytest
 import redis
+from celery import Celery
 
 from memory_core.db import session_scope
 from memory_core.devservices.fake_llm import FakeLLMServer
 from memory_core.devservices.poll import wait_for
+from memory_core.devservices.workers import WorkerProcess
 from memory_core.models import ConversationThread
 from memory_core.settings import get_settings
 from tests.support.commands import run_module
@@ -30,7 +32,9 @@ from tests.support.workers import send_finalize, send_fold
 
 
 @pytest.mark.timeout(240)
-def test_a_finalize_held_45s_by_a_row_lock_still_lands_once(start_worker, agent) -> None:  # type: ignore[no-untyped-def]
+def test_a_finalize_held_45s_by_a_row_lock_still_lands_once(
+    start_worker: Callable[..., WorkerProcess], agent: Celery
+) -> None:
     w = start_worker()
     tid = uuid.uuid4()
     send_finalize(agent, make_snapshot(tid, 1))
@@ -61,8 +65,8 @@ def test_a_finalize_held_45s_by_a_row_lock_still_lands_once(start_worker, agent)
     ids=["recent-not-below-threshold", "infinite-ttl", "threshold-1", "redis-url"],
 )
 def test_a_worker_with_impossible_settings_refuses_to_start(
-    agent, env: dict[str, str], named: str
-) -> None:  # type: ignore[no-untyped-def]
+    agent: Celery, env: dict[str, str], named: str
+) -> None:
     broker = redis.Redis.from_url(agent.conf.broker_url)
     broker.delete("memory.finalize")
     send_finalize(agent, make_snapshot(uuid.uuid4(), 1))
@@ -81,8 +85,8 @@ def test_a_worker_with_impossible_settings_refuses_to_start(
 
 @pytest.mark.timeout(240)
 def test_a_prompt_without_previous_summary_never_erases_the_summary(
-    start_worker, agent, llm: FakeLLMServer
-) -> None:  # type: ignore[no-untyped-def]
+    start_worker: Callable[..., WorkerProcess], agent: Celery, llm: FakeLLMServer
+) -> None:
     with FakeLangfuseServer(prompt_type="text") as lf:
         lf.serve_text_prompt("Summarize these turns:\n{{conversation}}", version=5)
         w = start_worker(
@@ -130,8 +134,12 @@ def read_only_role() -> Iterator[tuple[str, Callable[[], None]]]:
 
 @pytest.mark.timeout(240)
 def test_a_worker_that_cannot_write_never_acks_a_job(
-    start_worker, agent, redis_client, events_stream: str, read_only_role: Any
-) -> None:  # type: ignore[no-untyped-def]
+    start_worker: Callable[..., WorkerProcess],
+    agent: Celery,
+    redis_client: redis.Redis,
+    events_stream: str,
+    read_only_role: Any,
+) -> None:
     url, grant = read_only_role
     tid = uuid.uuid4()
     w = start_worker(env={"DATABASE_URL": url})

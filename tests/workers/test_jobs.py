@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import redis
+from celery import Celery
 
 from memory_core import RedisConversationMemory
 from memory_core.devservices.fake_llm import FakeLLMServer
 from memory_core.devservices.poll import wait_for
+from memory_core.devservices.workers import WorkerProcess
 from memory_core.events import routine_stream
 from tests.support.snapshots import make_snapshot
 from tests.support.state import drain_events, stored_seqs, thread_row
@@ -17,8 +20,8 @@ from tests.support.workers import send_finalize, send_fold
 
 
 def test_finalize_jobs_land_once_in_order_with_duplicates(
-    start_worker, agent, redis_client
-) -> None:  # type: ignore[no-untyped-def]
+    start_worker: Callable[..., WorkerProcess], agent: Celery, redis_client: redis.Redis
+) -> None:
     w = start_worker()
     tid = uuid.uuid4()
     snaps = [make_snapshot(tid, n) for n in range(1, 16)]
@@ -42,20 +45,23 @@ def test_finalize_jobs_land_once_in_order_with_duplicates(
 
 
 def test_invalid_jobs_are_rejected_with_an_event_and_never_retried(
-    start_worker, agent, redis_client, events_stream: str
-) -> None:  # type: ignore[no-untyped-def]
+    start_worker: Callable[..., WorkerProcess],
+    agent: Celery,
+    redis_client: redis.Redis,
+    events_stream: str,
+) -> None:
     w = start_worker()
     bad_tid = str(uuid.uuid4())
     send_finalize(agent, {**make_snapshot(bad_tid, 1), "agent_type": "robot"})
     send_finalize(agent, "not a snapshot")
     send_finalize(agent, {**make_snapshot(bad_tid, 2), "session_id": "nope"})
     events: list[Any] = []
-    wait_for(
-        lambda: events.extend(drain_events(redis_client, events_stream)) or len(events) >= 3,
-        60,
-        "3 rejection events",
-        w.log,
-    )
+
+    def three_drained() -> bool:
+        events.extend(drain_events(redis_client, events_stream))
+        return len(events) >= 3
+
+    wait_for(three_drained, 60, "3 rejection events", w.log)
     assert [e.event for e in events] == ["memory_finalize_rejected"] * 3
     by_error = {e.error.split(": ", 1)[1].split(":")[0]: e for e in events}
     assert set(by_error) == {"agent_type", "session_id", "expected a JSON object, got str"}
@@ -71,8 +77,12 @@ def test_invalid_jobs_are_rejected_with_an_event_and_never_retried(
 
 
 def test_folds_run_on_the_worker_and_emit_summarized(
-    start_worker, agent, redis_client, events_stream: str, llm: FakeLLMServer
-) -> None:  # type: ignore[no-untyped-def]
+    start_worker: Callable[..., WorkerProcess],
+    agent: Celery,
+    redis_client: redis.Redis,
+    events_stream: str,
+    llm: FakeLLMServer,
+) -> None:
     w = start_worker()
     tid = uuid.uuid4()
     for n in range(1, 22):
@@ -102,8 +112,12 @@ def test_folds_run_on_the_worker_and_emit_summarized(
 
 
 def test_fold_failure_emits_event_persists_attempt_and_retries(
-    start_worker, agent, redis_client, events_stream: str, llm: FakeLLMServer
-) -> None:  # type: ignore[no-untyped-def]
+    start_worker: Callable[..., WorkerProcess],
+    agent: Celery,
+    redis_client: redis.Redis,
+    events_stream: str,
+    llm: FakeLLMServer,
+) -> None:
     llm.set_mode("500")
     w = start_worker()
     tid = uuid.uuid4()
@@ -140,10 +154,13 @@ def test_fold_failure_emits_event_persists_attempt_and_retries(
         "the fold after recovery",
         w.log,
     )
-    assert thread_row(tid).fold_attempts == 0  # type: ignore[union-attr]
+    t = thread_row(tid)
+    assert t is not None and t.fold_attempts == 0
 
 
-def test_malformed_fold_jobs_are_rejected(start_worker, agent) -> None:  # type: ignore[no-untyped-def]
+def test_malformed_fold_jobs_are_rejected(
+    start_worker: Callable[..., WorkerProcess], agent: Celery
+) -> None:
     w = start_worker()
     send_fold(agent, 12345)
     send_fold(agent, "not-a-uuid")
@@ -162,8 +179,12 @@ MARKER = "ZQXWORKERMARKER"
 
 
 def test_no_job_content_reaches_the_worker_log_or_thedrain_events(
-    start_worker, agent, redis_client, events_stream: str, llm: FakeLLMServer
-) -> None:  # type: ignore[no-untyped-def]
+    start_worker: Callable[..., WorkerProcess],
+    agent: Celery,
+    redis_client: redis.Redis,
+    events_stream: str,
+    llm: FakeLLMServer,
+) -> None:
     """A marker in every field, through a rejection, saves, a fold failure that the LLM
     answers by quoting the user, and the fallback fold after it."""
     llm.set_mode("refusal_echo")

@@ -6,9 +6,13 @@ import re
 import sys
 import urllib.request
 import uuid
+from collections.abc import Callable
+
+from celery import Celery
 
 from memory_core.devservices.poll import wait_for
 from memory_core.devservices.ports import free_port
+from memory_core.devservices.workers import WorkerProcess
 from tests.support.snapshots import make_snapshot
 from tests.support.workers import send_finalize
 
@@ -18,7 +22,9 @@ def _metric(text: str, name: str) -> float | None:
     return float(m.group(1)) if m else None
 
 
-def test_worker_serves_memory_metrics(start_worker, agent) -> None:  # type: ignore[no-untyped-def]
+def test_worker_serves_memory_metrics(
+    start_worker: Callable[..., WorkerProcess], agent: Celery
+) -> None:
     port = free_port()
     argv = [sys.executable, "-m", "memory_core.cli", "worker", "-c", "2"]
     argv += ["--metrics-port", str(port), "-n", f"m{uuid.uuid4().hex[:6]}@%h"]
