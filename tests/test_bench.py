@@ -1,4 +1,4 @@
-"""Smoke test of `agent-memory bench core`: it runs end to end and reports every figure.
+"""Smoke tests of `agent-memory bench core|access|rss`: each runs end to end, reports every figure.
 
 No timing assertions: the figures depend on the machine; docs/BENCHMARKS.md holds a real run.
 """
@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 from memory_core.bench.core import COMMAND, bench_core
+from memory_core.bench.guest import bench_access, bench_rss
 from memory_core.settings import get_settings
 
 FIGURES = ("save", "get_context", "get_context_cold", "rehydrate", "render_warm", "render_cold")
@@ -30,3 +31,21 @@ def test_bench_core_reports_every_figure_as_a_positive_number() -> None:
     assert lines[0] == f"$ {COMMAND}"
     verdicts = [line for line in lines if line.endswith(("| PASS |", "| MISS |"))]
     assert len(verdicts) == len(FIGURES)
+
+
+def test_bench_access_reports_both_copies_with_a_finite_ratio() -> None:
+    lines: list[str] = []
+    results = bench_access(settings=get_settings(), reps=5, out=lines.append)
+    for copy in ("small", "large"):
+        assert results[f"{copy}.stranger_ms"] > 0 and results[f"{copy}.unknown_ms"] > 0
+        assert math.isfinite(results[f"{copy}.ratio"]) and results[f"{copy}.ratio"] >= 1
+    assert lines[0] == "$ agent-memory bench access"
+    assert sum(line.startswith(("| small", "| large")) for line in lines) == 2
+
+
+def test_bench_rss_measures_a_fresh_process_at_100_and_n_turns() -> None:
+    lines: list[str] = []
+    results = bench_rss(settings=get_settings(), turns=120, out=lines.append)
+    assert results["rss_100"] > 0 and results["rss_120"] > 0
+    assert results["growth_mib"] == results["rss_120"] - results["rss_100"]
+    assert lines[-1] == f"growth from 100 to 120 turns: {results['growth_mib']:+.1f} MiB"

@@ -140,13 +140,6 @@ def test_a_redelivered_turn_is_a_duplicate_and_lands_once() -> None:
 # ---------------------------------------------------------------- still in the broker
 
 
-@pytest.fixture
-def row_lock() -> Iterator[RowLock]:
-    lock = RowLock(get_settings().database_url)
-    yield lock
-    lock.close()
-
-
 def test_a_turn_on_a_locked_thread_is_retried_with_nothing_written(
     row_lock: RowLock, redis_client: redis.Redis
 ) -> None:

@@ -197,13 +197,6 @@ def test_a_fold_without_postgres_is_retried_with_the_finalize_backoff(
     assert stream_events(redis_client, events) == ([], [])  # no summarizer attempt counted
 
 
-@pytest.fixture
-def row_lock() -> Iterator[RowLock]:
-    lock = RowLock(get_settings().database_url)
-    yield lock
-    lock.close()
-
-
 def test_a_fold_of_a_locked_thread_is_retried_with_the_finalize_backoff(
     row_lock: RowLock, redis_client: redis.Redis
 ) -> None:

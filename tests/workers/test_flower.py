@@ -40,16 +40,16 @@ def _get(url: str, auth: str | None = None) -> tuple[int, str]:
 @pytest.fixture
 def flower(tmp_path: Path) -> Iterator[str]:
     port = free_port()
-    log = (tmp_path / "flower.log").open("wb")
     env = {**os.environ, "FLOWER_BASIC_AUTH": "ops:s3cret"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "memory_core.cli", "flower", "--port", str(port)],
-        cwd=REPO,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    with (tmp_path / "flower.log").open("wb") as log:  # the child keeps its own descriptor
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "memory_core.cli", "flower", "--port", str(port)],
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     base = f"http://127.0.0.1:{port}"
 
     def up() -> bool:
