@@ -74,7 +74,9 @@ FOLD_FALLBACKS = Counter(
 
 class FoldLagCollector(Collector):
     """Threads with a fold due (requested and not yet done, running late, or waiting for a
-    retry), how many of them failed their last attempt, and the oldest due time.
+    retry), how many of them failed their last attempt, the oldest due time, and the folds
+    waiting for a retry (a failed fold's row holds its retry's due time in `fold_due_at`): how
+    many, and when the next one is due. On either broker, whatever it shows or hides of ETAs.
 
     One query on the partial index `ix_conversation_threads_fold_due` per `ttl_s` (30 s):
     its cost follows the number of threads with a fold due, not the size of the table.
@@ -84,17 +86,19 @@ class FoldLagCollector(Collector):
         self.database_url = database_url
         self.threshold = threshold
         self.ttl_s = ttl_s
-        self._cached: tuple[float, float, float, float] | None = None
+        self._cached: tuple[float, ...] | None = None
 
-    def _measure(self) -> tuple[float, float, float]:
+    def _measure(self) -> tuple[float, ...]:
         sql = text(
             "SELECT count(*), count(*) FILTER (WHERE fold_attempts > 0), "
-            "COALESCE(EXTRACT(EPOCH FROM now() - min(fold_due_at)), 0) "
+            "COALESCE(EXTRACT(EPOCH FROM now() - min(fold_due_at)), 0), "
+            "count(*) FILTER (WHERE fold_due_at > now()), "
+            "COALESCE(EXTRACT(EPOCH FROM min(fold_due_at) FILTER (WHERE fold_due_at > now())), 0) "
             "FROM conversation_threads WHERE fold_due_at IS NOT NULL"
         )
         with get_engine(self.database_url).connect() as conn:
-            due, failing, oldest = conn.execute(sql).one()
-        return float(due), float(failing), max(float(oldest), 0.0)
+            due, failing, oldest, waiting, next_due = conn.execute(sql).one()
+        return float(due), float(failing), max(float(oldest), 0.0), float(waiting), float(next_due)
 
     def collect(self) -> Iterator[Any]:
         now = time.monotonic()
@@ -103,7 +107,7 @@ class FoldLagCollector(Collector):
                 self._cached = (now, *self._measure())
             except Exception:  # a scrape must not fail because Postgres is down
                 return
-        _, due, failing, oldest = self._cached
+        _, due, failing, oldest, waiting, next_due = self._cached
         yield GaugeMetricFamily(
             "memory_fold_lag_threads",
             "Threads with a fold due (over the compression threshold, not yet folded)",
@@ -116,6 +120,16 @@ class FoldLagCollector(Collector):
             "memory_fold_oldest_due_seconds",
             "How long the longest-waiting due fold has been due (0 when none is)",
             value=oldest,
+        )
+        yield GaugeMetricFamily(
+            "memory_fold_retry_waiting_threads",
+            "Threads whose fold failed and waits for its retry (due time still ahead)",
+            value=waiting,
+        )
+        yield GaugeMetricFamily(
+            "memory_fold_retry_next_due_timestamp_seconds",
+            "When the next waiting fold retry is due, Unix time (0 when none waits)",
+            value=next_due,
         )
 
 

@@ -8,6 +8,7 @@ bound. docs/RELIABILITY.md lists each with the test that holds it.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -335,20 +336,37 @@ def test_a_fold_only_worker_drops_the_copies_it_marked(
     assert ctx.summary_through_seq == 11 and [e.seq for e in ctx.recent] == list(range(12, 22))
 
 
-def test_fold_lag_gauges_count_threads_with_a_fold_due(live: RedisConversationMemory) -> None:
+def _fold_gauges() -> dict[str, float]:
     from memory_core.metrics import FoldLagCollector
 
-    def gauges() -> dict[str, float]:
-        collector = FoldLagCollector(get_settings().database_url, 20, ttl_s=0)
-        return {m.name: m.samples[0].value for m in collector.collect()}
+    collector = FoldLagCollector(get_settings().database_url, 20, ttl_s=0)
+    return {m.name: m.samples[0].value for m in collector.collect()}
 
-    before = gauges()
+
+def test_fold_lag_gauges_count_threads_with_a_fold_due(live: RedisConversationMemory) -> None:
+    before = _fold_gauges()
     tid = _thread(live, 21)  # over the threshold: a fold is due
-    after = gauges()
+    after = _fold_gauges()
     assert after["memory_fold_lag_threads"] == before["memory_fold_lag_threads"] + 1
     assert after["memory_fold_oldest_due_seconds"] >= 0
     Folder(live, ConversationSummarizer(_settings())).fold(tid)
-    assert gauges()["memory_fold_lag_threads"] == before["memory_fold_lag_threads"]
+    assert _fold_gauges()["memory_fold_lag_threads"] == before["memory_fold_lag_threads"]
+
+
+def test_fold_retry_gauges_show_a_failed_fold_waiting_for_its_retry(
+    live: RedisConversationMemory,
+) -> None:
+    tid = _thread(live, 21)
+    before = _fold_gauges()
+    assert Folder(live, _Exploding()).fold(tid).retry_in_s == 60  # due again in 60 s
+    failed_at = time.time()
+    after = _fold_gauges()
+    waiting = "memory_fold_retry_waiting_threads"
+    assert after[waiting] == before[waiting] + 1
+    next_due = after["memory_fold_retry_next_due_timestamp_seconds"]
+    assert 0 < next_due <= failed_at + 61  # this retry, or an earlier one of another test
+    Folder(live, ConversationSummarizer(_settings())).fold(tid)  # the retry succeeds
+    assert _fold_gauges()[waiting] == before[waiting]
 
 
 def test_processes_that_disagree_on_settings_notice(

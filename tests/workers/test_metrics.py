@@ -52,5 +52,6 @@ def test_worker_serves_memory_metrics(
     text = wait_for(done, 60, "metrics", w.log)
     assert _metric(text, 'memory_finalize_total{status="saved"}') == 3.0
     assert _metric(text, 'memory_finalize_total{status="duplicate"}') == 1.0
-    assert _metric(text, "memory_fold_lag_threads") is not None
+    for gauge in ("memory_fold_lag_threads", "memory_fold_retry_waiting_threads"):
+        assert _metric(text, gauge) is not None, gauge
     assert "memory_fold_seconds_bucket" in text or "memory_fold_seconds" in text
