@@ -14,6 +14,7 @@ from uuid import UUID
 from celery import Celery
 
 from memory_core.logs import get_logger
+from memory_core.metrics import FOLD_PUBLISH_FAILURES
 from memory_core.settings import get_settings
 
 log = get_logger(__name__)
@@ -63,5 +64,6 @@ def publish_fold(thread_id: UUID | str, broker_url: str | None = None) -> bool:
         send_by_name(FOLD_TASK, [str(thread_id)], FOLD_QUEUE, broker_url)
     except Exception as exc:  # any broker/transport error: the row still says a fold is due
         log.warning("memory.fold_publish_failed", thread_id=str(thread_id), error=repr(exc))
+        FOLD_PUBLISH_FAILURES.inc()
         return False
     return True

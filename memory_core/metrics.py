@@ -66,6 +66,11 @@ TASK_UNEXPECTED = Counter(
     "Task runs ended by an error nothing else handled (retried with backoff)",
     ["task"],
 )
+FOLD_PUBLISH_FAILURES = Counter(
+    "memory_fold_publish_failures_total",
+    "Fold jobs that could not be published (broker down or refusing); the thread row keeps the "
+    "fold due and a later turn republishes it after the grace",
+)
 FOLD_FALLBACKS = Counter(
     "memory_fold_fallbacks_total",
     "Folds that used the LLM-free summary because the LLM kept failing or could not succeed",

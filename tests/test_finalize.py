@@ -229,3 +229,20 @@ def test_publish_goes_to_the_broker_asked_for(monkeypatch: pytest.MonkeyPatch) -
     assert publish_fold(uuid.uuid4(), broker_url=target)
     assert broker.llen("memory.fold") == before + 1
     assert not publish_fold(uuid.uuid4(), broker_url="redis://127.0.0.1:1/0")
+
+
+def test_a_fold_that_cannot_be_published_is_logged_and_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Never silent: a log record and a metric; the row keeps the fold due (test_folding.py
+    covers the republish after the grace)."""
+    import logging
+
+    from memory_core.fold_publisher import publish_fold
+    from memory_core.metrics import FOLD_PUBLISH_FAILURES
+
+    before = FOLD_PUBLISH_FAILURES._value.get()
+    with caplog.at_level(logging.WARNING, logger="memory_core"):
+        assert not publish_fold(uuid.uuid4(), broker_url="redis://127.0.0.1:1/0")
+    assert FOLD_PUBLISH_FAILURES._value.get() == before + 1
+    assert any("memory.fold_publish_failed" in r.getMessage() for r in caplog.records)
