@@ -26,7 +26,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from sqlalchemy import func, select, update
+from sqlalchemy import case, func, select, update
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session
 
@@ -149,8 +149,8 @@ class Folder:
         upto = self._fold_upto(lease.through, lease.last_seq)
         if upto is None:
             with self.memory.session_factory() as session:
-                self._release(session, tid, token, clear_due=True)
-            return FoldOutcome("noop", str(tid), through_seq=lease.through)
+                again = self._release(session, tid, token, clear_due=True)
+            return FoldOutcome("noop", str(tid), through_seq=lease.through, more_pending=again)
         turns: list[Exchange] = []
         try:
             with self.memory.session_factory() as session:
@@ -182,7 +182,7 @@ class Folder:
             LLM_TOKENS.labels(kind).inc(getattr(result, f"{kind}_tokens", None) or 0)
         new_summary = self._stored_summary(result.text, turns)
         with self.memory.session_factory() as session:
-            won = self._compare_and_set(
+            won, again = self._compare_and_set(
                 session,
                 tid=tid,
                 token=token,
@@ -209,7 +209,7 @@ class Folder:
             folded=len(turns),
             prompt=result.prompt,
             session_id=str(turns[-1].session_id),
-            more_pending=lease.last_seq - upto > self.memory.compression_threshold,
+            more_pending=again,
             fallback=fallback,
         )
 
@@ -266,14 +266,27 @@ class Folder:
         exists = session.scalar(select(t.id).where(t.id == tid))
         return "busy" if exists else "missing"
 
+    def _due_again(self, through: Any) -> Any:
+        """`fold_due_at` as a fold leaves the row: now() if the thread is (still, or again) over
+        the threshold, else NULL. Evaluated under the row lock of the releasing UPDATE, which a
+        finalize's claim also takes: a turn that arrived during the fold saw a fold pending and
+        published nothing, so the fold that ends must ask for the next one itself (a thread's
+        last turn would otherwise stay unfolded until a new turn came)."""
+        t = ConversationThread
+        over = t.last_seq - through > self.memory.compression_threshold
+        return case((over, func.now()), else_=None)
+
     def _release(
         self, session: Session, tid: uuid.UUID, token: uuid.UUID, *, clear_due: bool
-    ) -> None:
+    ) -> bool:
+        """Drop our lease; with `clear_due`, end the request too. True if another fold is due."""
         t = ConversationThread
         values: dict[str, object] = {"fold_lease_token": None, "fold_lease_until": None}
         if clear_due:
-            values |= {"fold_due_at": None, "fold_attempts": 0}
-        session.execute(update(t).where(t.id == tid, t.fold_lease_token == token).values(**values))
+            values |= {"fold_due_at": self._due_again(t.summary_through_seq), "fold_attempts": 0}
+        stmt = update(t).where(t.id == tid, t.fold_lease_token == token).values(**values)
+        again = session.execute(stmt.returning(t.fold_due_at.is_not(None))).scalar()
+        return bool(clear_due and again)
 
     def _compare_and_set(
         self,
@@ -285,7 +298,8 @@ class Folder:
         upto: int,
         summary: str,
         prompt: str,
-    ) -> bool:
+    ) -> tuple[bool, bool]:
+        """Store the summary if our lease still holds: (won, another fold is due now)."""
         t = ConversationThread
         stmt = (
             update(t)
@@ -296,14 +310,15 @@ class Folder:
                 summary_prompt=prompt[:200],
                 summary_updated_at=func.now(),
                 fold_attempts=0,
-                fold_due_at=None,
+                fold_due_at=self._due_again(upto),
                 last_fold_error=None,
                 fold_lease_token=None,
                 fold_lease_until=None,
             )
-            .returning(t.id)
+            .returning(t.fold_due_at.is_not(None))
         )
-        return session.execute(stmt).first() is not None
+        row = session.execute(stmt).first()
+        return (row is not None, bool(row and row[0]))
 
     def _failed(
         self, tid: uuid.UUID, token: uuid.UUID, turns: list[Exchange], exc: Exception

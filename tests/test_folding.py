@@ -209,6 +209,65 @@ def test_turns_arriving_during_a_fold_stay_unfolded(
     assert memory.get_context(tid, "user-42") == ctx
 
 
+def test_turns_that_take_the_thread_over_during_a_fold_ask_for_the_next_one(
+    redis_client: redis.Redis, llm: FakeLLMServer
+) -> None:
+    """The finalizes of turns 22-32 see a fold pending and publish none; the fold that ends
+    must see that the thread is over the threshold again (32 - 11 > 20) and ask itself, or the
+    thread's last turns stay unfolded until some later turn comes."""
+    s = _settings(llm)
+    memory = _memory(redis_client, s)
+    tid = uuid.uuid4()
+    for n in range(1, 22):
+        save_session_to_thread_safe(make_snapshot(tid, n), memory=memory)
+    published: list[bool] = []
+
+    def new_turns() -> None:
+        for n in range(22, 33):
+            published.append(
+                save_session_to_thread_safe(make_snapshot(tid, n), memory=memory).fold_published
+            )
+
+    folder = Folder(memory, _Hooked(ConversationSummarizer(s), new_turns))
+    out = folder.fold(tid)
+    assert (out.status, out.through_seq, out.more_pending) == ("folded", 11, True)
+    assert published == [False] * 11
+    assert _thread_row(tid).fold_due_at is not None  # a later turn does not republish at once
+    assert folder.fold(tid).through_seq == 22
+
+
+def test_a_turn_that_takes_the_thread_over_during_a_noop_fold_asks_for_the_next_one(
+    redis_client: redis.Redis, llm: FakeLLMServer
+) -> None:
+    s = _settings(llm)
+    memory = _memory(redis_client, s)
+    tid = uuid.uuid4()
+    for n in range(1, 21):
+        save_session_to_thread_safe(make_snapshot(tid, n), memory=memory)
+    with session_scope() as sess:  # a fold is pending (a duplicate request, say)
+        sess.execute(
+            update(ConversationThread)
+            .where(ConversationThread.id == tid)
+            .values(fold_due_at=datetime.now(UTC))
+        )
+    published: list[bool] = []
+
+    class Interleaved(Folder):
+        def _fold_upto(self, through: int, last_seq: int) -> int | None:
+            upto = super()._fold_upto(through, last_seq)  # 20 turns: nothing to fold
+            published.append(
+                save_session_to_thread_safe(make_snapshot(tid, 21), memory=memory).fold_published
+            )
+            return upto
+
+    out = Interleaved(memory, ConversationSummarizer(s)).fold(tid)
+    assert (out.status, out.more_pending, published) == ("noop", True, [False])
+    assert _thread_row(tid).fold_due_at is not None
+    assert Folder(memory, ConversationSummarizer(s)).fold(tid).through_seq == 11
+    row = _thread_row(tid)
+    assert (row.summary_through_seq, row.fold_due_at) == (11, None)
+
+
 @pytest.mark.parametrize("mode", ["500", "timeout", "empty", "garbage"])
 def test_llm_failure_modes_count_as_failed_attempts(
     redis_client: redis.Redis, llm: FakeLLMServer, mode: str

@@ -22,7 +22,7 @@ from memory_core.db import session_scope
 from memory_core.devservices.ports import free_port
 from memory_core.events import Event
 from memory_core.fold_publisher import FOLD_QUEUE
-from memory_core.folding import backoff_delay
+from memory_core.folding import Folder, backoff_delay
 from memory_core.models import ConversationThread
 from memory_core.session_handler import save_session_to_thread_safe
 from memory_core.settings import get_settings
@@ -130,6 +130,30 @@ def test_a_backlog_beyond_one_prompt_publishes_the_next_fold() -> None:
     assert run_job(FOLD, str(tid)) == {"status": "folded", "through_seq": 40}
     [(headers, args)] = take_jobs(FOLD_QUEUE, thread_id=str(tid))
     assert (headers["task"], args, headers["retries"]) == (FOLD.name, [str(tid)], 0)
+
+
+def test_a_noop_fold_that_finds_a_new_turn_over_the_threshold_publishes_the_next(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Turn 21 lands while the fold (which saw 20 turns) runs: the fold asks for the next."""
+    tid = thread_with(20)
+    with session_scope() as s:  # a fold pending: turn 21's finalize publishes none
+        s.execute(
+            update(ConversationThread)
+            .where(ConversationThread.id == tid)
+            .values(fold_due_at=func.now())
+        )
+    upto = Folder._fold_upto
+
+    def interleaved(self: Folder, through: int, last_seq: int) -> int | None:
+        out = save_session_to_thread_safe(make_snapshot(tid, 21), memory=self.memory)
+        assert not out.fold_published
+        return upto(self, through, last_seq)
+
+    monkeypatch.setattr(Folder, "_fold_upto", interleaved)
+    assert run_job(FOLD, str(tid)) == {"status": "noop", "through_seq": 0}
+    [(headers, args)] = take_jobs(FOLD_QUEUE, thread_id=str(tid))
+    assert (headers["task"], args) == (FOLD.name, [str(tid)])
 
 
 # ---------------------------------------------------------------- the LLM fails

@@ -217,8 +217,8 @@ def fold_thread(self: MemoryTask, thread_id: Any) -> dict[str, Any]:
             prompt=outcome.prompt or "",
             **extra,
         )
-        if outcome.more_pending:  # a backlog beyond one bounded prompt: keep going
-            publish_fold(outcome.thread_id, self.memory.settings.celery_broker_url)
+    if outcome.more_pending:  # a backlog, or turns that came during the fold: keep going
+        publish_fold(outcome.thread_id, self.memory.settings.celery_broker_url)
     return {"status": outcome.status, "through_seq": outcome.through_seq}
 
 

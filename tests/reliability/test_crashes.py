@@ -43,6 +43,7 @@ from tests.support.chaos import Chaos
 from tests.support.services import Stack
 from tests.support.state import (
     count_stored,
+    folds_behind,
     folds_caught_up,
     held_finalize_jobs,
     landed,
@@ -139,7 +140,13 @@ def test_two_thousand_jobs_through_kill_9_and_sigterm(
         wait_for(chaos.recovery.poll, 60, "in-flight jobs of every fault", diagnostics)
         # Folds catch up: no thread keeps more than the threshold unfolded.
         settling = time.monotonic()
-        wait_for(lambda: folds_caught_up(tids), 90, "folds", chaos.logs, 0.5)
+        wait_for(
+            lambda: folds_caught_up(tids),
+            90,
+            "folds",
+            lambda: chaos.logs()[-4000:] + "\n" + folds_behind(tids),
+            0.5,
+        )
         settle_s = time.monotonic() - settling
     finally:
         load.stop()

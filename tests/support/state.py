@@ -85,6 +85,16 @@ def folds_caught_up(tids: Iterable[uuid.UUID], threshold: int = 20) -> bool:
     return all(t.last_seq - t.summary_through_seq <= threshold for t in thread_rows(tids).values())
 
 
+def folds_behind(tids: Iterable[uuid.UUID], threshold: int = 20) -> str:
+    """The fold state of the threads `folds_caught_up` waits for: what a timeout shows."""
+    return "\n".join(
+        f"{t.id}: last {t.last_seq}, through {t.summary_through_seq}, due {t.fold_due_at}, "
+        f"lease until {t.fold_lease_until}, attempts {t.fold_attempts}, {t.last_fold_error}"
+        for t in thread_rows(tids).values()
+        if t.last_seq - t.summary_through_seq > threshold
+    )
+
+
 # ------------------------------------------------------------------ working copies
 
 
