@@ -1,8 +1,14 @@
 """Publishing `memory.fold_thread` by name, so the core never imports the worker package.
 
-Publishing is best effort and bounded: a down broker costs at most about a second and is only
-logged. The fold request is also recorded on the thread row (`fold_due_at`), so a later
-finalize re-publishes a fold whose message never made it (see ConversationThread.claim_next_seq).
+Publishing is best effort and bounded: a down broker costs at most about a second (plus the
+broker's confirm on RabbitMQ) and is logged and counted (`memory_fold_publish_failures_total`).
+The fold request is also recorded on the thread row (`fold_due_at`), so a later finalize
+re-publishes a fold whose message never made it (see ConversationThread.claim_next_seq).
+
+Every publish declares its queue exactly as the workers do (memory_core/queues.py), and on
+RabbitMQ waits for the broker's confirm: a publish that returned is on the broker's disk, and
+one the broker refused (a queue declared differently: PRECONDITION_FAILED) raises instead of
+vanishing.
 """
 
 from __future__ import annotations
@@ -15,14 +21,31 @@ from celery import Celery
 
 from memory_core.logs import get_logger
 from memory_core.metrics import FOLD_PUBLISH_FAILURES
+from memory_core.queues import (
+    FINALIZE_QUEUE,
+    FINALIZE_TASK,
+    FOLD_QUEUE,
+    FOLD_TASK,
+    is_amqp,
+    task_queue,
+)
 from memory_core.settings import get_settings
 
 log = get_logger(__name__)
 
-FOLD_TASK = "memory.fold_thread"
-FOLD_QUEUE = "memory.fold"
-FINALIZE_TASK = "memory.finalize_turn"
-FINALIZE_QUEUE = "memory.finalize"
+__all__ = [
+    "FINALIZE_QUEUE",
+    "FINALIZE_TASK",
+    "FOLD_QUEUE",
+    "FOLD_TASK",
+    "WORKER_APP",
+    "WORKER_PACKAGE",
+    "publish_fold",
+    "publisher_app",
+    "send_by_name",
+]
+# A publish waits at most this long for the broker (connect, and on RabbitMQ its confirm).
+PUBLISH_TIMEOUT_S = 1.0
 # The worker package: `workers/` in a checkout, `memory_core.workers` once installed (the wheel
 # has one top-level name, docs/ARCHITECTURE.md "Names"). Tools start workers by this name.
 WORKER_PACKAGE = "memory_core.workers"
@@ -35,15 +58,26 @@ def publisher_app(broker_url: str) -> Celery:
     app.conf.update(
         task_serializer="json",
         accept_content=["json"],
-        broker_connection_timeout=1.0,
+        broker_connection_timeout=PUBLISH_TIMEOUT_S,
         broker_connection_retry=False,
-        broker_transport_options={
-            "socket_connect_timeout": 1.0,
-            "socket_timeout": 1.0,
-            "max_retries": 0,
-        },
+        broker_transport_options=publisher_transport_options(broker_url),
     )
     return app
+
+
+def publisher_transport_options(broker_url: str) -> dict[str, Any]:
+    """Bounded I/O for a publish; on RabbitMQ, publisher confirms."""
+    if is_amqp(broker_url):
+        return {
+            "confirm_publish": True,
+            "read_timeout": PUBLISH_TIMEOUT_S * 5,  # the confirm: a quorum write, fsync'd
+            "write_timeout": PUBLISH_TIMEOUT_S,
+        }
+    return {
+        "socket_connect_timeout": PUBLISH_TIMEOUT_S,
+        "socket_timeout": PUBLISH_TIMEOUT_S,
+        "max_retries": 0,
+    }
 
 
 def send_by_name(task: str, args: list[Any], queue: str, broker_url: str | None = None) -> str:
@@ -54,8 +88,10 @@ def send_by_name(task: str, args: list[Any], queue: str, broker_url: str | None 
     """
     url = broker_url or get_settings().celery_broker_url
     app = publisher_app(url)
+    declared = task_queue(url, queue)  # KeyError for a queue that is not ours
     with app.connection_for_write(url) as conn:
-        return str(app.send_task(task, args=args, queue=queue, connection=conn, retry=False).id)
+        sent = app.send_task(task, args=args, queue=declared, connection=conn, retry=False)
+        return str(sent.id)
 
 
 def publish_fold(thread_id: UUID | str, broker_url: str | None = None) -> bool:

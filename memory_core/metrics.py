@@ -66,6 +66,12 @@ TASK_UNEXPECTED = Counter(
     "Task runs ended by an error nothing else handled (retried with backoff)",
     ["task"],
 )
+JOBS_DEAD_LETTERED = Counter(
+    "memory_jobs_dead_lettered_total",
+    "Jobs delivered MEMORY_MAX_DELIVERIES times (workers kept dying on them), dead-lettered to "
+    "memory.dead (RabbitMQ)",
+    ["task"],
+)
 FOLD_PUBLISH_FAILURES = Counter(
     "memory_fold_publish_failures_total",
     "Fold jobs that could not be published (broker down or refusing); the thread row keeps the "

@@ -75,6 +75,11 @@ class Settings(BaseSettings):
     memory_unacked_restore_interval_s: int = Field(default=10, ge=1)
     memory_worker_soft_shutdown_s: float = Field(default=30.0, ge=0)
     memory_finalize_retry_cap_s: int = Field(default=60, ge=1)
+    # RabbitMQ: deliveries of one job (each worker that died holding it counts) before the task
+    # dead-letters it to `memory.dead` with a `memory_job_dead_lettered` event. Below the
+    # broker's own limit (queues.BROKER_DELIVERY_LIMIT = 20), so the event always comes first.
+    # Redis counts no deliveries: there it does not apply.
+    memory_max_deliveries: int = Field(default=8, ge=2, le=19)
 
     memory_events_stream: str = "memory:events"
     memory_events_maxlen: int = Field(default=100_000, ge=100)

@@ -15,6 +15,7 @@ from tests.support.services import bootstrap_services, session_broker_url
 
 pytest_plugins = [
     "tests.fixtures.services",
+    "tests.fixtures.broker",
     "tests.fixtures.faults",
     "tests.fixtures.llm",
     "tests.fixtures.workers",

@@ -68,6 +68,26 @@ def test_a_job_with_the_wrong_arguments_is_rejected_without_touching_anything(
     assert drain_events(redis_client, events) == []
 
 
+@BOTH
+def test_a_job_delivered_more_than_max_deliveries_is_dead_lettered_with_an_event(
+    task: Task, events: str, redis_client: redis.Redis
+) -> None:
+    """RabbitMQ's quorum queues count lost deliveries (x-delivery-count): the 9th delivery
+    (MEMORY_MAX_DELIVERIES=8) is not run but rejected without requeue, which dead-letters it."""
+    job = a_job(task)
+    tid = job["thread_id"] if isinstance(job, dict) else job
+    reject = rejected(task, job, headers={"x-delivery-count": 8})
+    assert reject.requeue is False and reject.reason.startswith("delivered 9 times")
+    [event] = drain_events(redis_client, events)
+    assert (event.event, event.thread_id, event.attempt) == ("memory_job_dead_lettered", tid, 9)
+    assert event.fields["task"] == task.name
+    assert thread_row(uuid.UUID(tid)) is None  # not run
+    # The 8th delivery still runs; so does every one on Redis, which counts none.
+    for headers in ({"x-delivery-count": 7}, {}):
+        run_job(task, a_job(task), headers=headers)
+    assert drain_events(redis_client, events) == []
+
+
 @pytest.mark.parametrize("snapshot", ["not a snapshot", 42, None, [{"thread_id": "x"}]])
 def test_a_job_that_is_not_a_snapshot_is_rejected_with_an_event(
     snapshot: Any, events: str, redis_client: redis.Redis

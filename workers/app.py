@@ -12,6 +12,8 @@ Reliability settings and why:
   The price: jobs held by a worker host that dies hard wait this long before redelivery
   (docs/OPERATIONS.md): at most visibility_timeout + unacked_restore_interval. Set in both
   transport-option dicts, as kombu reads each separately.
+* the broker: RabbitMQ (`amqp://`, the production broker) or Redis. The queues are declared as
+  memory_core/queues.py says, for both; only the transport options differ (below).
 * soft shutdown: on SIGTERM (remapped to Celery's cold shutdown by `agent-memory worker`,
   REMAP_SIGTERM=SIGQUIT) running jobs get `worker_soft_shutdown_timeout` to finish; then they
   and everything else the worker holds (prefetched jobs, ETA retries it is only waiting on)
@@ -24,15 +26,22 @@ import os
 import sys
 from typing import Any
 
-from celery import Celery
+from celery import Celery, bootsteps
 from celery.signals import setup_logging, worker_init, worker_process_shutdown
 from celery.worker.consumer import Consumer
-from kombu import Queue
 from prometheus_client import multiprocess
 
-from memory_core.fold_publisher import FINALIZE_QUEUE, FINALIZE_TASK, FOLD_QUEUE, FOLD_TASK
 from memory_core.logs import get_logger
 from memory_core.metrics import serve_worker_metrics
+from memory_core.queues import (
+    FINALIZE_QUEUE,
+    FINALIZE_TASK,
+    FOLD_QUEUE,
+    FOLD_TASK,
+    dead_letter_queue,
+    is_amqp,
+    task_queues,
+)
 from memory_core.settings import SettingsError, get_settings
 from memory_core.tokens import encoding
 
@@ -83,9 +92,40 @@ class MemoryConsumer(Consumer):
         super().on_connection_error_after_connected(exc)
 
 
-def make_app() -> Celery:
+class DeclareTopology(bootsteps.StartStopStep):
+    """At every (re)connection, the broker-side setup Celery's own declares leave out.
+
+    RabbitMQ: the dead-letter exchange and queue. The task queues name `memory.dead` as their
+    dead-letter exchange, and RabbitMQ silently drops what it would dead-letter into an
+    exchange that does not exist.
+    Redis: drop the binding of `memory.fold` to `memory.finalize`'s exchange and key that
+    workers before 0.2 declared (each queue has its own exchange now); kombu keeps bindings
+    in Redis across restarts, and that one copied every finalize job into the fold queue.
+    """
+
+    requires = ("celery.worker.consumer.tasks:Tasks",)
+
+    def start(self, c: Consumer) -> None:
+        if c.connection is None:
+            return
+        channel = c.connection.default_channel
+        if is_amqp(c.app.conf.broker_url or ""):
+            dead_letter_queue()(channel).declare()
+            return
+        sep = "\x06\x16"
+        stale = sep.join([FINALIZE_QUEUE, "", FOLD_QUEUE])
+        for prefix in ("_kombu.binding.", "_kombu.binding_permanent."):
+            channel.client.srem(prefix + FINALIZE_QUEUE, stale)
+
+
+def transport_options(broker_url: str) -> dict[str, Any]:
+    """The broker's transport options: confirms on RabbitMQ; timeouts and sweeps on Redis."""
+    if is_amqp(broker_url):
+        # Retries a worker publishes (and their countdowns, in the broker's delay queues) are
+        # confirmed: a retry that returned is on the broker's disk before the job is acked.
+        return {"confirm_publish": True}
     s = get_settings()
-    transport = {
+    return {
         "visibility_timeout": visibility_timeout_s(),
         # Sweep for expired unacked messages every N s (kombu's default is ~100 s: 10 s
         # interval x throttle 10), so a dead host's jobs return soon after the timeout.
@@ -98,6 +138,11 @@ def make_app() -> Celery:
         "socket_timeout": 30,
         "health_check_interval": 30,
     }
+
+
+def make_app() -> Celery:
+    s = get_settings()
+    transport = transport_options(s.celery_broker_url)
     # Benchmark tasks are not here: only the benchmark's worker loads them (`-I`).
     app = Celery("agent_memory", broker=s.celery_broker_url, include=[f"{__package__}.tasks"])
     app.conf.update(
@@ -109,7 +154,7 @@ def make_app() -> Celery:
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
-        task_queues=[Queue(FINALIZE_QUEUE), Queue(FOLD_QUEUE)],
+        task_queues=task_queues(s.celery_broker_url),
         task_default_queue=FINALIZE_QUEUE,
         task_routes={FINALIZE_TASK: {"queue": FINALIZE_QUEUE}, FOLD_TASK: {"queue": FOLD_QUEUE}},
         broker_transport_options=transport,
@@ -123,6 +168,7 @@ def make_app() -> Celery:
         worker_send_task_events=True,  # Flower's task view
         task_send_sent_event=True,
     )
+    app.steps["consumer"].add(DeclareTopology)
     return app
 
 

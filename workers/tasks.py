@@ -14,6 +14,7 @@ from memory_core.conversation_memory import RedisConversationMemory
 from memory_core.db import describe_db_error
 from memory_core.events import (
     MEMORY_FINALIZE_REJECTED,
+    MEMORY_JOB_DEAD_LETTERED,
     MEMORY_SUMMARIZATION_FAILED,
     MEMORY_SUMMARIZED,
     emit_event,
@@ -21,8 +22,9 @@ from memory_core.events import (
 from memory_core.fold_publisher import FINALIZE_TASK, FOLD_TASK, publish_fold
 from memory_core.folding import POSTGRES_DOWN, Folder, backoff_delay
 from memory_core.logs import describe_error, get_logger
-from memory_core.metrics import TASK_UNEXPECTED
+from memory_core.metrics import JOBS_DEAD_LETTERED, TASK_UNEXPECTED
 from memory_core.session_handler import SaveOutcome, save_session_to_thread_safe
+from memory_core.settings import get_settings
 from memory_core.summarizer import ConversationSummarizer
 
 from .app import FINALIZE_HARD_LIMIT_S, FINALIZE_SOFT_LIMIT_S, app, fold_limits
@@ -57,6 +59,9 @@ class MemoryTask(Task):
             log.warning("memory.job_rejected", task=self.name, reason="wrong arguments")
             raise Reject("wrong arguments", requeue=False) from None
         try:
+            deliveries = delivery_count(self.request)
+            if deliveries > get_settings().memory_max_deliveries:
+                self._dead_letter(args, deliveries)
             return super().__call__(*args, **kwargs)
         except (Retry, Reject, Ignore):
             raise
@@ -66,6 +71,26 @@ class MemoryTask(Task):
             TASK_UNEXPECTED.labels(self.name).inc()
             delay = finalize_retry_delay(self.request.retries, 60)
             retry_or_requeue(self, countdown=delay, exc=RuntimeError(error))
+
+    def _dead_letter(self, args: tuple[Any, ...], deliveries: int) -> NoReturn:
+        """A job its workers keep dying on (RabbitMQ counts each lost delivery): stop running
+        it. Rejected without requeue, the quorum queue dead-letters it to `memory.dead`."""
+        job = args[0] if args else None
+        snapshot = job if isinstance(job, dict) else {}
+        thread_id = _uuid_text(snapshot.get("thread_id") if snapshot else job)
+        reason = f"delivered {deliveries} times, the last {deliveries - 1} after a lost delivery"
+        log.error("memory.job_dead_lettered", deliveries=deliveries)
+        JOBS_DEAD_LETTERED.labels(self.name).inc()
+        emit_event(
+            self.memory.redis,
+            MEMORY_JOB_DEAD_LETTERED,
+            thread_id=thread_id,
+            session_id=_uuid_text(snapshot.get("session_id")),
+            attempt=deliveries,
+            error=reason,
+            task=self.name,
+        )
+        raise Reject(reason, requeue=False)
 
     def _signature(self) -> inspect.Signature:
         sig = self.__dict__.get("_sig")
@@ -98,6 +123,13 @@ def retry_or_requeue(task: Task, *, countdown: float, exc: Exception) -> NoRetur
         error = describe_error(reason) if isinstance(reason, BaseException) else str(reason)
         log.warning("memory.retry_not_published", error=error)
         raise Reject(error, requeue=True) from None
+
+
+def delivery_count(request: Any) -> int:
+    """Which delivery of its message this run is: 1 + the times RabbitMQ's quorum queue saw it
+    return unacked (its `x-delivery-count` header). Always 1 on Redis, which counts nothing."""
+    returned = request.get("x-delivery-count") if request is not None else None
+    return 1 + returned if isinstance(returned, int) and returned > 0 else 1
 
 
 def finalize_retry_delay(retries: int, cap_s: int) -> float:

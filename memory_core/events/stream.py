@@ -33,6 +33,7 @@ from memory_core.settings import get_settings
 MEMORY_SUMMARIZATION_FAILED = "memory_summarization_failed"
 MEMORY_SUMMARIZED = "memory_summarized"
 MEMORY_FINALIZE_REJECTED = "memory_finalize_rejected"
+MEMORY_JOB_DEAD_LETTERED = "memory_job_dead_lettered"
 # Emitted on every successful fold: kept apart so it never trims failures away.
 ROUTINE_EVENTS = frozenset({MEMORY_SUMMARIZED})
 

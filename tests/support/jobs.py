@@ -42,10 +42,18 @@ def configure(monkeypatch: pytest.MonkeyPatch, **env: str) -> None:
 DEAD_POSTGRES = f"postgresql://postgres@127.0.0.1:{free_port()}/agent_memory"
 
 
-def run_job(task: Task, *args: Any, retries: int = 0, task_id: str = "") -> Any:
-    """Run the task body here as a worker would run a job taken from the task's queue."""
+def run_job(
+    task: Task,
+    *args: Any,
+    retries: int = 0,
+    task_id: str = "",
+    headers: dict[str, Any] | None = None,
+) -> Any:
+    """Run the task body here as a worker would run a job taken from the task's queue
+    (`headers`: message headers the broker added, such as RabbitMQ's x-delivery-count)."""
     queue = QUEUES[task.name]
     task.push_request(
+        **(headers or {}),
         id=task_id or str(uuid.uuid4()),
         args=list(args),
         kwargs={},
@@ -104,9 +112,9 @@ def retried(task: Task, *args: Any, retries: int = 0) -> tuple[float, str]:
     return float(when), str(raised.value.exc)
 
 
-def rejected(task: Task, *args: Any) -> Reject:
+def rejected(task: Task, *args: Any, headers: dict[str, Any] | None = None) -> Reject:
     with pytest.raises(Reject) as raised:
-        run_job(task, *args)
+        run_job(task, *args, headers=headers)
     return raised.value
 
 

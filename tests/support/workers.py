@@ -8,7 +8,14 @@ from typing import Any
 
 from celery import Celery
 
-from memory_core.fold_publisher import FINALIZE_QUEUE, FINALIZE_TASK, FOLD_QUEUE, FOLD_TASK
+from memory_core.queues import (
+    EXCHANGE,
+    FINALIZE_QUEUE,
+    FINALIZE_TASK,
+    FOLD_QUEUE,
+    FOLD_TASK,
+    is_amqp,
+)
 from memory_core.settings import get_settings
 
 
@@ -25,18 +32,30 @@ def worker_test_env(llm_base_url: str, events_stream: str) -> dict[str, str]:
     }
 
 
-def producer() -> Celery:
-    """A service that does not import this package: it sends jobs by task name."""
-    app = Celery(
-        "some-agent-service", broker=get_settings().celery_broker_url, set_as_current=False
-    )
+def producer(broker_url: str | None = None) -> Celery:
+    """A service that does not import this package: it sends jobs by task name (README).
+    Celery lets CELERY_BROKER_URL in the environment win over `broker_url`."""
+    url = broker_url or get_settings().celery_broker_url
+    app = Celery("some-agent-service", broker=url, set_as_current=False)
     app.conf.task_serializer = "json"
+    if is_amqp(url):  # a publish that returned is on the broker's disk
+        app.conf.broker_transport_options = {"confirm_publish": True}
     return app
 
 
-def send_finalize(app: Celery, snapshot: Any) -> None:
-    app.send_task(FINALIZE_TASK, args=[snapshot], queue=FINALIZE_QUEUE)
+def destination(app: Celery, queue: str) -> dict[str, Any]:
+    """Where the README's snippet sends a job. RabbitMQ: to the workers' topic exchange with
+    the queue's routing key, declaring nothing (a plain declare of the workers' quorum queue
+    would fail); Redis: to the queue by name."""
+    if is_amqp(str(app.conf.broker_url)):
+        return {"exchange": EXCHANGE, "routing_key": queue, "declare": []}
+    return {"queue": queue}
+
+
+def send_finalize(app: Celery, snapshot: Any) -> str:
+    """Send a turn; its task id."""
+    return str(app.send_task(FINALIZE_TASK, args=[snapshot], **destination(app, FINALIZE_QUEUE)).id)
 
 
 def send_fold(app: Celery, thread_id: Any) -> None:
-    app.send_task(FOLD_TASK, args=[thread_id], queue=FOLD_QUEUE)
+    app.send_task(FOLD_TASK, args=[thread_id], **destination(app, FOLD_QUEUE))

@@ -1,4 +1,4 @@
-"""memory.finalize_turn and memory.fold_thread through a real worker on the Redis broker."""
+"""memory.finalize_turn and memory.fold_thread through a real worker, on both brokers."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import redis
 from celery import Celery
 
@@ -14,9 +15,13 @@ from memory_core.devservices.fake_llm import FakeLLMServer
 from memory_core.devservices.poll import wait_for
 from memory_core.devservices.workers import WorkerProcess
 from memory_core.events import routine_stream
+from memory_core.queues import FINALIZE_QUEUE, FOLD_QUEUE, is_amqp
+from tests.support.brokers import BROKERS, delayed, held, ready, scheduled
 from tests.support.snapshots import make_snapshot
 from tests.support.state import drain_events, stored_seqs, thread_row
 from tests.support.workers import send_finalize, send_fold
+
+pytestmark = pytest.mark.parametrize("broker", BROKERS, indirect=True)
 
 
 def test_finalize_jobs_land_once_in_order_with_duplicates(
@@ -71,8 +76,7 @@ def test_invalid_jobs_are_rejected_with_an_event_and_never_retried(
     send_finalize(agent, make_snapshot(good, 1))
     wait_for(lambda: stored_seqs(good) == [1], 30, "a valid job after the rejects", w.log)
     assert thread_row(uuid.UUID(bad_tid)) is None and w.alive()
-    broker = redis.Redis.from_url(agent.conf.broker_url)
-    assert broker.llen("memory.finalize") == 0
+    assert ready(agent.conf.broker_url, FINALIZE_QUEUE) == 0
     assert w.log().count('"memory.finalize_rejected"') == 3
 
 
@@ -144,8 +148,16 @@ def test_fold_failure_emits_event_persists_attempt_and_retries(
     # Nothing is lost or hidden: all 21 turns are in Postgres and in the working copy.
     ctx = RedisConversationMemory(redis_client).get_context(tid, "user-42")
     assert [e.seq for e in ctx.recent] == list(range(1, 22))
-    # The retry waits in the worker (countdown 60 s, unacked); an operator-published fold
-    # after recovery folds right away and the waiting retry later finds nothing to do.
+    # The retry's countdown (60 s) waits in RabbitMQ's delay queues, not in the worker; on
+    # Redis the worker holds it (unacked, an ETA task).
+    url = str(agent.conf.broker_url)
+    if is_amqp(url):
+        wait_for(lambda: delayed(url) == 1, 30, "the retry in a delay queue", w.log)
+        assert (held(url), scheduled(url)) == (0, 0)
+    else:
+        wait_for(lambda: (held(url), scheduled(url)) == (1, 1), 30, "the held retry", w.log)
+    # An operator-published fold after recovery folds right away and the waiting retry later
+    # finds nothing to do.
     llm.set_mode("ok")
     send_fold(agent, str(tid))
     wait_for(
@@ -169,8 +181,8 @@ def test_malformed_fold_jobs_are_rejected(
         lambda: w.log().count('"memory.fold_rejected"') == 2, 30, "two rejected fold jobs", w.log
     )
     assert '"reason": "thread_id is not a UUID string"' in w.log()
-    broker = redis.Redis.from_url(agent.conf.broker_url)
-    wait_for(lambda: broker.llen("memory.fold") == 0, 30, "fold queue drained", w.log)
+    url = str(agent.conf.broker_url)
+    wait_for(lambda: ready(url, FOLD_QUEUE) == 0, 30, "fold queue drained", w.log)
     wait_for(lambda: "{'status': 'missing'" in w.log(), 30, "the unknown thread's no-op", w.log)
     assert w.alive()
 

@@ -1,0 +1,88 @@
+"""The broker topology: the memory queues as every producer and every worker declares them.
+
+One definition, used by the workers (`workers/app.py`), the core's fold publisher and the
+LangGraph enqueue path (`fold_publisher.send_by_name`): a declare that differs from the
+existing queue fails (RabbitMQ answers PRECONDITION_FAILED), so nobody builds them by hand.
+
+RabbitMQ (`amqp://`): durable quorum queues (Raft-replicated on a cluster), each bound with its
+own routing key to the topic exchange `memory`. Topic, not direct: Celery's native delayed
+delivery (retry countdowns wait in the broker's `celery_delayed_*` queues, not in a worker)
+re-routes by routing key through a topic exchange, and silently falls back to holding the
+countdown in the worker for a direct one. A delivery limit ends a job that keeps killing its
+workers (each lost delivery counts): it is dead-lettered to `memory.dead`. The tasks dead-letter
+such a job themselves one delivery earlier, with an event (`MEMORY_MAX_DELIVERIES`); the
+broker's limit is the backstop for a job whose task never gets to run.
+
+Redis: one direct exchange per queue, named after it, which is what Celery creates for a
+named queue, so producers that only name the queue keep working.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from kombu import Exchange, Queue
+
+FOLD_TASK = "memory.fold_thread"
+FOLD_QUEUE = "memory.fold"
+FINALIZE_TASK = "memory.finalize_turn"
+FINALIZE_QUEUE = "memory.finalize"
+EXCHANGE = "memory"
+DEAD_LETTER_EXCHANGE = "memory.dead"
+DEAD_LETTER_QUEUE = "memory.dead"
+# Deliveries after which RabbitMQ dead-letters a job by itself. Part of the queues' arguments:
+# changing it means recreating the queues, so it is a constant, above MEMORY_MAX_DELIVERIES'
+# range (settings.py), so the tasks always get to dead-letter (with an event) first.
+BROKER_DELIVERY_LIMIT = 20
+AMQP_SCHEMES = frozenset({"amqp", "amqps", "pyamqp"})
+
+
+def is_amqp(broker_url: str) -> bool:
+    """Whether `broker_url` is RabbitMQ (AMQP), as opposed to Redis."""
+    scheme = urlsplit(broker_url).scheme.split("+", 1)[0]
+    return scheme in AMQP_SCHEMES
+
+
+def _quorum(name: str, exchange: Exchange) -> Queue:
+    return Queue(
+        name,
+        exchange,
+        routing_key=name,
+        durable=True,
+        queue_arguments={
+            "x-queue-type": "quorum",
+            "x-delivery-limit": BROKER_DELIVERY_LIMIT,
+            "x-dead-letter-exchange": DEAD_LETTER_EXCHANGE,
+        },
+    )
+
+
+def task_queues(broker_url: str) -> list[Queue]:
+    """`memory.finalize` and `memory.fold`, declared as the workers consume them."""
+    if is_amqp(broker_url):
+        exchange = Exchange(EXCHANGE, type="topic", durable=True)
+        return [_quorum(FINALIZE_QUEUE, exchange), _quorum(FOLD_QUEUE, exchange)]
+    return [
+        Queue(name, Exchange(name, type="direct"), routing_key=name)
+        for name in (FINALIZE_QUEUE, FOLD_QUEUE)
+    ]
+
+
+def task_queue(broker_url: str, name: str) -> Queue:
+    """The queue `name` of `task_queues`; KeyError for another name."""
+    for queue in task_queues(broker_url):
+        if queue.name == name:
+            return queue
+    raise KeyError(name)
+
+
+def dead_letter_queue() -> Queue:
+    """Where RabbitMQ puts a job that was delivered too often (kept for inspection)."""
+    exchange = Exchange(DEAD_LETTER_EXCHANGE, type="fanout", durable=True)
+    return Queue(
+        DEAD_LETTER_QUEUE,
+        exchange,
+        routing_key="",
+        durable=True,
+        queue_arguments={"x-queue-type": "quorum"},
+    )
