@@ -4,14 +4,20 @@ No Docker engine or cluster is needed, nor the network:
 * compose: check-jsonschema against its bundled Compose Specification schema (run with a
   dead HTTP proxy, so a schema download would fail), then structural assertions.
 * Kubernetes: kubernetes-validate (bundled OpenAPI-derived schemas, strict: unknown fields
-  fail) for every built-in kind. It has no schema for CRDs such as KEDA's ScaledObject and
-  its CLI only *warns* and exits 0 for them, so those are checked by assertions here.
+  fail) for every built-in kind. It has no schema for CRDs (KEDA's ScaledObject and
+  TriggerAuthentication, the RabbitMQ Cluster Operator's RabbitmqCluster) and its CLI only
+  *warns* and exits 0 for them, so those are checked by assertions here (the pod template
+  fragment a RabbitmqCluster overrides is validated as a Pod).
+* The broker is RabbitMQ in both: compose's and the Secret's CELERY_BROKER_URL must reach the
+  rabbitmq service / the RabbitmqCluster's Service with its user and vhost, and Flower's
+  broker API URL is checked with Flower's own RabbitMQ client (its HTTP call intercepted).
 * Commands are parsed by the real `agent-memory` CLI (click), and every environment
   variable name must be a field of memory_core.settings.Settings (or a listed exception).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import shlex
@@ -20,14 +26,17 @@ import sys
 from importlib import resources
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from unittest import mock
+from urllib.parse import SplitResult, unquote, urlsplit
 
 import kubernetes_validate
 import pytest
 import typer.core
 import typer.main
 import yaml
+from kombu import Connection
 from kubernetes_validate.utils import all_versions
+from tornado import httpclient
 
 from memory_core import cli
 from memory_core.settings import Settings
@@ -41,13 +50,21 @@ KUSTOMIZATION = DEPLOY / "kustomization.yaml"
 # A version the installed kubernetes-validate bundles (it ships 1.25 .. its own version).
 K8S_VERSION = "1.30.0"
 WORKER_QUEUES = {"finalize": "memory.finalize", "fold": "memory.fold"}
+# CRDs: kubernetes-validate has no schema for these API groups.
+CRD_GROUPS = ("keda.sh/", "rabbitmq.com/")
+# RabbitMQ: quorum queues with at-least-once dead-lettering (Celery's native delayed delivery).
+MIN_RABBITMQ = (3, 10)
+AMQP_PORT = 5672
+MANAGEMENT_PORT = 15672
+# Settings of the Redis broker only: with RabbitMQ they would configure nothing.
+REDIS_BROKER_ONLY = {"MEMORY_VISIBILITY_TIMEOUT_S", "MEMORY_UNACKED_RESTORE_INTERVAL_S"}
 SETTINGS_ENV = {name.upper() for name in Settings.model_fields}
 # Environment variables that are deliberately not app settings, and who reads them.
 NOT_SETTINGS = {
     "REMAP_SIGTERM": "billiard: SIGTERM starts Celery's soft shutdown instead of a warm one",
     "POD_NAME": "Kubernetes downward API: the worker's Celery node name",
-    "KEDA_REDIS_ADDRESS": "KEDA's redis scaler (addressFromEnv)",
-    "KEDA_REDIS_PASSWORD": "KEDA's redis scaler (passwordFromEnv)",
+    "FLOWER_BROKER_API": "Flower's --broker_api (RabbitMQ management API), which Flower reads "
+    "from the environment; `agent-memory flower` has no flag for it",
 }
 # Credentials (or URLs that carry them): the Secret, never the ConfigMap.
 SECRET_NAMES = {
@@ -58,7 +75,6 @@ SECRET_NAMES = {
     "LANGFUSE_PUBLIC_KEY",
     "LANGFUSE_SECRET_KEY",
     "FLOWER_BASIC_AUTH",
-    "KEDA_REDIS_PASSWORD",
 }
 # Any attempt to download something goes to a port where nothing listens.
 NO_NETWORK_ENV = {
@@ -71,6 +87,8 @@ NO_NETWORK_ENV = {
     "no_proxy": "",
 }
 DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
+# Compose interpolation with a default: ${NAME:-default} or ${NAME-default}.
+COMPOSE_DEFAULT = re.compile(r"\$\{\w+:?-([^}]*)\}")
 
 
 def soft_shutdown_default() -> float:
@@ -109,6 +127,56 @@ def settings_from(values: dict[str, Any]) -> Settings:
     """Settings built from these env values only (types and validators apply)."""
     known = {k.lower(): v for k, v in values.items() if k in SETTINGS_ENV and v is not None}
     return Settings(_env_file=None, **known)
+
+
+def with_defaults(value: str) -> str:
+    """A compose value as it is when the shell sets none of its variables."""
+    resolved = COMPOSE_DEFAULT.sub(lambda m: m.group(1), value)
+    assert "${" not in resolved, f"no default for a variable in {value!r}"
+    return resolved
+
+
+def rabbitmq_image_version(image: str) -> tuple[int, int]:
+    """`rabbitmq:3.13-management` -> (3, 13); the image must carry the management plugin."""
+    m = re.fullmatch(r"rabbitmq:(\d+)\.(\d+)(?:\.\d+)?-management(?:-alpine)?", image)
+    assert m, f"not a pinned rabbitmq:X.Y[.Z]-management image: {image!r}"
+    return int(m.group(1)), int(m.group(2))
+
+
+def assert_amqp_url(url: str) -> SplitResult:
+    """A RabbitMQ broker URL with user, password, host, port and a vhost."""
+    parts = urlsplit(url)
+    assert parts.scheme == "amqp", url
+    assert parts.username and parts.password, f"no credentials in {url!r}"
+    assert parts.port == AMQP_PORT, url
+    assert len(parts.path) > 1 and "/" not in parts.path[1:], f"no vhost in {url!r}"
+    # Flower's management API calls run only for this transport (flower/views/__init__.py).
+    assert Connection(url).transport.driver_type == "amqp"
+    return parts
+
+
+def flower_queue_request(broker_url: str, broker_api: str) -> tuple[str, str, str]:
+    """The management-API request Flower's RabbitMQ client makes for the queue lengths:
+    (URL, user, password), with the HTTP call intercepted (no network)."""
+    from flower.command import is_flower_envvar  # type: ignore[import-untyped]
+    from flower.utils.broker import Broker, validate_broker_api  # type: ignore[import-untyped]
+
+    assert is_flower_envvar("FLOWER_BROKER_API")  # the exact name Flower reads
+    validate_broker_api(broker_api)  # what Flower checks at startup (http(s), a host)
+    seen: dict[str, Any] = {}
+
+    class Client:
+        async def fetch(self, url: str, **kwargs: Any) -> None:
+            seen.update(kwargs, url=url)
+            raise OSError("intercepted")  # Flower logs it and reports no queues
+
+        def close(self) -> None:
+            pass
+
+    with mock.patch.object(httpclient, "AsyncHTTPClient", Client):
+        broker = Broker(broker_url, http_api=broker_api)
+        assert asyncio.run(broker.queues(list(WORKER_QUEUES.values()))) == []
+    return seen["url"], seen["auth_username"], seen["auth_password"]
 
 
 # --------------------------------------------------------------------------------- compose
@@ -173,6 +241,7 @@ def test_compose_worker_per_queue(compose: dict[str, Any], short: str) -> None:
     assert svc["restart"] in {"unless-stopped", "always", "on-failure"}
     assert svc["depends_on"] == {
         "migrate": {"condition": "service_completed_successfully"},
+        "rabbitmq": {"condition": "service_healthy"},
         "redis": {"condition": "service_healthy"},
         "postgres": {"condition": "service_healthy"},
     }
@@ -192,6 +261,51 @@ def test_compose_worker_queues_cover_both_queues(compose: dict[str, Any]) -> Non
         if svc["command"][0] == "worker"
     }
     assert served == set(WORKER_QUEUES.values())
+
+
+def test_compose_rabbitmq(compose: dict[str, Any]) -> None:
+    rabbit = compose["services"]["rabbitmq"]
+    assert rabbitmq_image_version(rabbit["image"]) >= MIN_RABBITMQ
+    assert rabbit["restart"] in {"unless-stopped", "always"}
+    # The node name (rabbit@<hostname>) names its data directory: fixed, or a re-created
+    # container would start on an empty database next to the old one.
+    assert rabbit["hostname"] and "container_name" not in rabbit
+    env = rabbit["environment"]
+    assert {"RABBITMQ_DEFAULT_USER", "RABBITMQ_DEFAULT_PASS", "RABBITMQ_DEFAULT_VHOST"} <= set(env)
+    assert all(with_defaults(str(env[k])) for k in env)
+    # Data on a named volume (declared below), not in the container.
+    (volume,) = [v for v in rabbit["volumes"] if v.endswith(":/var/lib/rabbitmq")]
+    assert volume.split(":")[0] in compose["volumes"]
+    # AMQP and the management UI/API published (loopback: the default credentials are weak).
+    published = {int(str(p).rsplit(":", 1)[1]): str(p) for p in rabbit["ports"]}
+    assert set(published) == {AMQP_PORT, MANAGEMENT_PORT}
+    assert all(p.startswith("127.0.0.1:") for p in published.values())
+    test = rabbit["healthcheck"]["test"]
+    assert test[0] in {"CMD", "CMD-SHELL"}
+    words = shlex.split(" ".join(test[1:]))
+    assert words[0] == "rabbitmq-diagnostics"
+    assert {"ping", "check_running", "check_port_connectivity"} & set(words[1:])
+
+
+def test_compose_broker_is_rabbitmq(compose: dict[str, Any]) -> None:
+    """CELERY_BROKER_URL: amqp://USER:PASS@rabbitmq:5672/VHOST, the rabbitmq service's own."""
+    rabbit_env = compose["services"]["rabbitmq"]["environment"]
+    anchor = compose["x-app-env"]
+    url = assert_amqp_url(with_defaults(anchor["CELERY_BROKER_URL"]))
+    assert url.hostname == "rabbitmq" and url.hostname in compose["services"]
+    assert unquote(url.username or "") == with_defaults(rabbit_env["RABBITMQ_DEFAULT_USER"])
+    assert unquote(url.password or "") == with_defaults(rabbit_env["RABBITMQ_DEFAULT_PASS"])
+    assert unquote(url.path[1:]) == with_defaults(rabbit_env["RABBITMQ_DEFAULT_VHOST"])
+    # The same variable drives both ends: overriding the password keeps them in step.
+    pass_var = re.findall(r"\$\{(\w+)", anchor["CELERY_BROKER_URL"].split("@")[0])
+    assert pass_var and pass_var == re.findall(r"\$\{(\w+)", rabbit_env["RABBITMQ_DEFAULT_PASS"])
+    # Redis keeps the working copy and the event streams.
+    assert urlsplit(anchor["REDIS_URL"]).hostname == "redis"
+    for name, svc in app_services(compose).items():
+        assert svc["environment"]["CELERY_BROKER_URL"] == anchor["CELERY_BROKER_URL"], name
+        assert not REDIS_BROKER_ONLY & set(svc["environment"]), name
+        if svc["command"][0] in {"worker", "flower"}:
+            assert svc["depends_on"]["rabbitmq"] == {"condition": "service_healthy"}, name
 
 
 def test_compose_redis_is_durable_and_never_evicts(compose: dict[str, Any]) -> None:
@@ -214,7 +328,7 @@ def test_compose_postgres_and_migrate(compose: dict[str, Any]) -> None:
     assert cli_params(migrate["command"]) == {"revision": "head"}
     assert migrate["restart"] == "no"
     assert migrate["depends_on"] == {"postgres": {"condition": "service_healthy"}}
-    assert set(compose["volumes"]) >= {"pgdata", "redisdata"}
+    assert set(compose["volumes"]) >= {"pgdata", "rabbitmqdata", "redisdata"}
 
 
 def test_compose_flower(compose: dict[str, Any]) -> None:
@@ -225,8 +339,19 @@ def test_compose_flower(compose: dict[str, Any]) -> None:
     assert re.fullmatch(
         r"\$\{FLOWER_BASIC_AUTH:\?[^}]+\}", flower["environment"]["FLOWER_BASIC_AUTH"]
     )
-    assert flower["depends_on"]["redis"] == {"condition": "service_healthy"}
+    # Flower needs the broker only (it reads tasks and workers from its events).
+    assert flower["depends_on"] == {"rabbitmq": {"condition": "service_healthy"}}
     assert any(str(p).endswith(":5555") for p in flower["ports"])
+    # Queue lengths from RabbitMQ's management API, which Flower is given.
+    broker_url = with_defaults(flower["environment"]["CELERY_BROKER_URL"])
+    rabbit_env = compose["services"]["rabbitmq"]["environment"]
+    api = flower["environment"]["FLOWER_BROKER_API"]
+    assert urlsplit(api).hostname == "rabbitmq" and urlsplit(api).port == MANAGEMENT_PORT
+    url, user, password = flower_queue_request(broker_url, api)
+    vhost = with_defaults(rabbit_env["RABBITMQ_DEFAULT_VHOST"])
+    assert url == f"http://rabbitmq:{MANAGEMENT_PORT}/api/queues/{vhost}"
+    assert user == with_defaults(rabbit_env["RABBITMQ_DEFAULT_USER"])
+    assert password == with_defaults(rabbit_env["RABBITMQ_DEFAULT_PASS"])
 
 
 def test_compose_env_names_are_settings(compose: dict[str, Any]) -> None:
@@ -236,8 +361,14 @@ def test_compose_env_names_are_settings(compose: dict[str, Any]) -> None:
         env = svc["environment"]
         check_env_names(set(env), f"docker-compose.yml service {name}")
         assert {"DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL"} <= set(env)
-        # The values compose does not interpolate are valid settings as they stand.
-        fixed = {k: v for k, v in env.items() if v is not None and "${" not in str(v)}
+        # The values are valid settings as they stand, or with their defaults (compose
+        # interpolation); a required one (${VAR:?...}) is left out.
+        fixed = {
+            k: with_defaults(str(v))
+            for k, v in env.items()
+            if v is not None and not re.search(r"\$\{\w+:?\?", str(v))
+        }
+        assert "CELERY_BROKER_URL" in fixed
         settings_from(fixed)
     anchor = compose["x-app-env"]
     assert {"OPENAI_BASE_URL", "OPENAI_API_KEY", "LANGFUSE_PUBLIC_KEY"} <= set(anchor)
@@ -369,13 +500,25 @@ def test_k8s_version_is_bundled() -> None:
     ids=[f"{f}:{d['kind']}/{d['metadata']['name']}" for f, d in MANIFESTS],
 )
 def test_manifest_validates(doc: dict[str, Any]) -> None:
-    if doc["apiVersion"].startswith("keda.sh/"):
+    if doc["apiVersion"].startswith(CRD_GROUPS):
         # A CRD: kubernetes-validate has no schema (its CLI would only warn and pass).
-        # test_keda_scaled_objects checks these structurally.
+        # test_keda_scaled_objects and test_rabbitmq_cluster check these structurally.
         with pytest.raises(kubernetes_validate.SchemaNotFoundError):
             kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
         return
     kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_every_crd_kind_is_checked() -> None:
+    """A new CRD kind needs assertions of its own: these are the ones with tests."""
+    crds = {
+        (d["apiVersion"], d["kind"]) for _, d in MANIFESTS if d["apiVersion"].startswith(CRD_GROUPS)
+    }
+    assert crds == {
+        ("keda.sh/v1alpha1", "ScaledObject"),
+        ("keda.sh/v1alpha1", "TriggerAuthentication"),
+        ("rabbitmq.com/v1beta1", "RabbitmqCluster"),
+    }
 
 
 def test_strict_validation_rejects_a_misspelt_field() -> None:
@@ -456,6 +599,18 @@ def test_flower_deployment_and_service() -> None:
     assert ref["name"] == secret["metadata"]["name"]
     assert ":" in secret["stringData"][ref["key"]]  # user:password
 
+    # Queue lengths from the RabbitmqCluster's management API, logged in to with the broker
+    # URL's credentials (none in the API URL: nothing secret outside the Secret).
+    api = env["FLOWER_BROKER_API"]["value"]
+    api_url = urlsplit(api)
+    assert api_url.username is None and api_url.password is None
+    assert api_url.hostname == rabbitmq_service_host()
+    assert api_url.port == MANAGEMENT_PORT
+    broker = assert_amqp_url(secret["stringData"]["CELERY_BROKER_URL"])
+    url, user, password = flower_queue_request(broker.geturl(), api)
+    assert url == f"http://{rabbitmq_service_host()}:{MANAGEMENT_PORT}/api/queues/{broker.path[1:]}"
+    assert (user, password) == (unquote(broker.username or ""), unquote(broker.password or ""))
+
     (port,) = c["ports"]
     assert port["containerPort"] == 5555
     annotations = dep["spec"]["template"]["metadata"]["annotations"]
@@ -491,14 +646,94 @@ def test_workloads_reference_existing_config() -> None:
         }, d["metadata"]["name"]
 
 
+def rabbitmq_service_host() -> str:
+    """The RabbitmqCluster's client Service, as the operator names it (and writes it into the
+    Secret <name>-default-user as `host`)."""
+    meta = one("RabbitmqCluster")["metadata"]
+    return f"{meta['name']}.{meta['namespace']}.svc"
+
+
+def test_rabbitmq_cluster() -> None:
+    cluster = one("RabbitmqCluster")
+    assert cluster["apiVersion"] == "rabbitmq.com/v1beta1"
+    spec = cluster["spec"]
+    assert spec["replicas"] == 3  # quorum queues: a majority survives one node down
+    assert rabbitmq_image_version(spec["image"]) >= MIN_RABBITMQ
+    res = spec["resources"]
+    assert {"cpu", "memory"} <= set(res["requests"])
+    # The operator sizes RabbitMQ's memory budget from the limit; it wants request = limit.
+    assert res["limits"]["memory"] == res["requests"]["memory"]
+    assert re.fullmatch(r"\d+Gi", spec["persistence"]["storage"])
+    assert int(spec["persistence"]["storage"][:-2]) >= 5  # the operator's 2 GB disk floor
+
+    # The vhost of the broker URL is the one the cluster creates for its default user.
+    conf = dict(
+        (k.strip(), v.strip())
+        for k, _, v in (
+            ln.partition("=")
+            for ln in spec["rabbitmq"]["additionalConfig"].splitlines()
+            if ln.strip() and not ln.strip().startswith("#")
+        )
+    )
+    broker = assert_amqp_url(one("Secret")["stringData"]["CELERY_BROKER_URL"])
+    assert conf["default_vhost"] == unquote(broker.path[1:])
+    assert broker.hostname == rabbitmq_service_host()
+
+    # The pod-template fragment the operator merges into its StatefulSet: a valid pod spec
+    # (strict: a misspelt field fails) that meets the namespace's `restricted` standard.
+    pod_spec = spec["override"]["statefulSet"]["spec"]["template"]["spec"]
+    as_pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "override"},
+        "spec": {**pod_spec, "affinity": spec["affinity"]},
+    }
+    kubernetes_validate.validate(as_pod, K8S_VERSION, strict=True)
+    assert pod_spec["securityContext"]["runAsNonRoot"] is True
+    assert pod_spec["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    containers = {c["name"]: c for c in pod_spec["containers"] + pod_spec["initContainers"]}
+    assert set(containers) == {"rabbitmq", "setup-container"}  # the operator's names
+    for c in containers.values():
+        assert c["securityContext"]["allowPrivilegeEscalation"] is False
+        assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    (ns,) = by_kind("Namespace").values()
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+
+    # Voluntary disruptions (drains) take one node at a time, selected by the label the
+    # operator puts on its pods (app.kubernetes.io/name = the cluster's name).
+    pdb = by_kind("PodDisruptionBudget")[cluster["metadata"]["name"]]
+    assert pdb["spec"]["maxUnavailable"] == 1
+    own_pods = {"app.kubernetes.io/name": cluster["metadata"]["name"]}
+    assert pdb["spec"]["selector"] == {"matchLabels": own_pods}
+    (term,) = spec["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["labelSelector"] == {"matchLabels": own_pods}
+
+
+def test_broker_settings_are_rabbitmq() -> None:
+    configmap, secret = config_and_secret()
+    assert "CELERY_BROKER_URL" not in configmap  # it carries credentials
+    assert_amqp_url(secret["CELERY_BROKER_URL"])
+    assert urlsplit(secret["REDIS_URL"]).scheme in {"redis", "rediss"}
+    assert not REDIS_BROKER_ONLY & set(configmap)
+
+
 def test_keda_scaled_objects() -> None:
     scaled = by_kind("ScaledObject")
     deployments = by_kind("Deployment")
-    configmap, secret = config_and_secret()
-    redis_url = urlsplit(secret["REDIS_URL"])
-    broker_url = urlsplit(
-        secret.get("CELERY_BROKER_URL") or configmap.get("CELERY_BROKER_URL") or secret["REDIS_URL"]
-    )
+    secret = one("Secret")
+    # KEDA's rabbitmq scaler takes the AMQP URL (user, password, vhost) from `host`: the
+    # workers' own broker URL, from the Secret they read it from.
+    auth = one("TriggerAuthentication")
+    assert auth["apiVersion"] == "keda.sh/v1alpha1"
+    (ref,) = auth["spec"]["secretTargetRef"]
+    assert ref == {
+        "parameter": "host",
+        "name": secret["metadata"]["name"],
+        "key": "CELERY_BROKER_URL",
+    }
+    broker = assert_amqp_url(secret["stringData"][ref["key"]])
+    assert broker.hostname == rabbitmq_service_host()
+
     assert len(scaled) == len(WORKER_QUEUES)
     for short, queue in WORKER_QUEUES.items():
         target = f"agent-memory-worker-{short}"
@@ -508,20 +743,17 @@ def test_keda_scaled_objects() -> None:
         spec = so["spec"]
         assert 1 <= spec["minReplicaCount"] <= spec["maxReplicaCount"]
         (trigger,) = spec["triggers"]
-        assert trigger["type"] == "redis"
+        assert trigger["type"] == "rabbitmq"
+        assert trigger["authenticationRef"] == {"name": auth["metadata"]["name"]}
         meta = trigger["metadata"]
         # KEDA metadata values are strings.
         assert all(isinstance(v, str) for v in meta.values())
-        assert meta["listName"] == queue
-        assert int(meta["listLength"]) >= 1
-        assert "address" not in meta  # from the target's env, below
-        # *FromEnv names must be env of the target container (KEDA resolves envFrom too).
-        assert meta["addressFromEnv"] in configmap
-        assert meta["passwordFromEnv"] in secret
-        # Same Redis and database as the Celery broker.
-        assert configmap[meta["addressFromEnv"]] == f"{broker_url.hostname}:{broker_url.port}"
-        assert int(meta["databaseIndex"]) == int(broker_url.path.strip("/") or 0)
-        assert redis_url.hostname == broker_url.hostname
+        assert meta["protocol"] == "amqp"  # AMQP URL in `host`; http would need the API's
+        assert meta["queueName"] == queue
+        assert meta["mode"] == "QueueLength"
+        assert int(meta["value"]) >= 1
+        # The connection (and its credentials) only from the TriggerAuthentication.
+        assert not {"host", "hostFromEnv", "vhostName"} & set(meta)
 
 
 def test_k8s_env_names_are_settings() -> None:
@@ -532,7 +764,7 @@ def test_k8s_env_names_are_settings() -> None:
         if d["kind"] in {"Deployment", "Job"}:
             names = {e["name"] for e in container(d).get("env", [])}
             check_env_names(names, f"deploy {d['kind']}/{d['metadata']['name']}")
-    assert SECRET_NAMES - {"CELERY_BROKER_URL"} <= set(secret)
+    assert set(secret) >= SECRET_NAMES
     assert not SECRET_NAMES & set(configmap)
     # The values (placeholders included) are valid settings.
     s = settings_from({**configmap, **secret})
