@@ -1,13 +1,15 @@
-"""Scenario 1, crashes: 2 000 finalize jobs while workers are killed with -9 and SIGTERM'd.
+"""Scenario 1, crashes: 2 000 finalize jobs while workers are killed with -9 and SIGTERM'd,
+on each broker (the suite's Redis; RabbitMQ, a vhost of the session's on the machine's node).
 
 One run of load (20 conversation threads x 100 turns, sent by 20 agent threads), three kinds
 of fault:
 * worker children killed with -9 over and over (the OOM killer, a segfault): the parent sees
   the child die and requeues its job (`task_reject_on_worker_lost`) once Celery's
   `worker_lost_wait` (10 s) has passed without a result from it;
-* a whole worker killed with -9 (a host that vanishes): nothing is handed back; the jobs it
-  held come back after the broker's visibility timeout, lowered here to 5 s with a 1 s sweep
-  (production: ~68 min, docs/OPERATIONS.md);
+* a whole worker killed with -9 (a host that vanishes): nothing is handed back. On Redis the
+  jobs it held come back after the broker's visibility timeout, lowered here to 5 s with a 1 s
+  sweep (production: ~68 min, docs/OPERATIONS.md); on RabbitMQ, with production settings, as
+  soon as the broker sees the worker's connection close;
 * a whole worker SIGTERM'd (a deploy): soft shutdown, everything it held is handed back.
 
 Checked afterwards: every turn stored once (0 lost, 0 duplicated), seq 1..100 in every thread,
@@ -27,7 +29,6 @@ import uuid
 from collections.abc import Callable
 
 import pytest
-import redis
 from sqlalchemy import select
 
 from memory_core import RedisConversationMemory
@@ -35,32 +36,39 @@ from memory_core.db import session_scope
 from memory_core.devservices.fake_llm import FakeLLMServer
 from memory_core.devservices.poll import wait_for
 from memory_core.devservices.workers import WorkerProcess
-from memory_core.fold_publisher import FINALIZE_QUEUE
 from memory_core.models import ThreadMessage
+from memory_core.queues import FINALIZE_QUEUE, is_amqp
 from tests.support import figures
 from tests.support.agents import JobLoad
+from tests.support.brokers import BROKERS, held, ready
 from tests.support.chaos import Chaos
 from tests.support.services import Stack
 from tests.support.state import (
     count_stored,
     folds_behind,
     folds_caught_up,
-    held_finalize_jobs,
     landed,
     thread_rows,
 )
 from tests.support.tally import assert_gapless
 
-pytestmark = [pytest.mark.reliability, pytest.mark.timeout(300)]
+pytestmark = [
+    pytest.mark.reliability,
+    pytest.mark.timeout(300),
+    pytest.mark.parametrize("broker", BROKERS, indirect=True),
+]
 
 THREADS = 20
 TURNS = 100
 JOBS = THREADS * TURNS
 SEND_INTERVAL_S = 0.15  # per agent thread: ~130 jobs/s in all, for ~15 s: a backlog builds
 VISIBILITY_S = 5
-CRASH_ENV = {
+# Redis only: RabbitMQ needs no visibility timeout (it runs with production settings).
+REDIS_ENV = {
     "MEMORY_VISIBILITY_TIMEOUT_S": str(VISIBILITY_S),
     "MEMORY_UNACKED_RESTORE_INTERVAL_S": "1",
+}
+CRASH_ENV = {
     # A fold whose process was killed holds its lease this long before a retry may take over.
     "MEMORY_FOLD_LEASE_S": "3",
     "MEMORY_WORKER_SOFT_SHUTDOWN_S": "3",
@@ -84,12 +92,10 @@ def _queries_through(tid: uuid.UUID, through: int) -> list[str]:
         )
 
 
-def _diagnostics(broker: redis.Redis, chaos: Chaos, load: JobLoad, started: float) -> str:
+def _diagnostics(broker: str, chaos: Chaos, load: JobLoad, started: float) -> str:
     """What a timeout shows: worker logs, the missing turns, where they are, the faults."""
     missing = sorted(set(load.tally.sent) - landed(load.tally.sent))
-    in_queue = [str(x) for x in broker.lrange(FINALIZE_QUEUE, 0, -1)]
-    queued = {m for m in missing if any(m in x for x in in_queue)}
-    held = held_finalize_jobs(broker)
+    held_now = chaos.held()
     lines = [
         f"{w.log_path.name}: {line[:200]}"
         for w in chaos.workers
@@ -101,8 +107,8 @@ def _diagnostics(broker: redis.Redis, chaos: Chaos, load: JobLoad, started: floa
         [
             chaos.logs()[-3000:],
             *lines[:30],
-            f"queue {broker.llen(FINALIZE_QUEUE)}, unacked {broker.hlen('unacked')}",
-            f"{len(missing)} missing; queued {len(queued)}; held {len(held & set(missing))}",
+            f"queue {ready(broker, FINALIZE_QUEUE)}, unacked {held(broker)}",
+            f"{len(missing)} missing; held {len(held_now & set(missing))}",
             f"first missing: {missing[:5]}",
             "sent at (s): " + ", ".join(sent_at),
             "faults: " + "; ".join(f"{t - started:.2f} {what}" for t, what in chaos.timeline),
@@ -111,11 +117,18 @@ def _diagnostics(broker: redis.Redis, chaos: Chaos, load: JobLoad, started: floa
 
 
 def test_two_thousand_jobs_through_kill_9_and_sigterm(
-    stack: Stack, start_worker: Callable[..., WorkerProcess], llm: FakeLLMServer
+    stack: Stack, start_worker: Callable[..., WorkerProcess], llm: FakeLLMServer, broker: str
 ) -> None:
-    broker = stack.client()
-    chaos = Chaos(broker, start_worker, CRASH_ENV, whole_kill_at_s=3.5, sigterm_at_s=10.0)
+    amqp = is_amqp(broker)
     load = JobLoad(THREADS, SEND_INTERVAL_S, max_turns=TURNS, query=_query)
+    chaos = Chaos(
+        None if amqp else stack.client(),
+        start_worker,
+        CRASH_ENV if amqp else CRASH_ENV | REDIS_ENV,
+        whole_kill_at_s=3.5,
+        sigterm_at_s=10.0,
+        task_sessions=load.task_sessions,
+    )
     tids = load.tids
     started = time.monotonic()
     load.start()
@@ -165,17 +178,27 @@ def test_two_thousand_jobs_through_kill_9_and_sigterm(
             assert w.stop(60) == 0
     timing = f"all landed {all_landed_s:.0f} s after the first send, folds caught up "
     timing += f"{settle_s:.0f} s later"
-    _record_children(chaos, llm, duplicated=duplicated, mid_job=lost_with_child, timing=timing)
-    _record_whole_kill_and_sigterm(chaos, lost=lost, duplicated=duplicated)
+    suffix = ".rabbitmq" if amqp else ""
+    _record_children(
+        chaos, llm, duplicated=duplicated, mid_job=lost_with_child, timing=timing, suffix=suffix
+    )
+    _record_whole_kill_and_sigterm(chaos, lost=lost, duplicated=duplicated, suffix=suffix)
 
 
 def _record_children(
-    chaos: Chaos, llm: FakeLLMServer, *, duplicated: int, mid_job: int, timing: str
+    chaos: Chaos,
+    llm: FakeLLMServer,
+    *,
+    duplicated: int,
+    mid_job: int,
+    timing: str,
+    suffix: str,
 ) -> None:
     child = chaos.recovery.done.get("child", [0.0])
     figures.record(
-        "crash.1.children",
-        scenario="worker children killed with -9, repeatedly, under load",
+        "crash.1.children" + suffix,
+        scenario="worker children killed with -9, repeatedly, under load"
+        + (" (RabbitMQ)" if suffix else ""),
         faults=f"{chaos.child_kills} x kill -9 of a pool child, {mid_job} mid-job",
         recover_s=max(child),
         recover=f"max {max(child):.1f} s (median {statistics.median(child):.1f} s)",
@@ -195,12 +218,18 @@ def _record_children(
     )
 
 
-def _record_whole_kill_and_sigterm(chaos: Chaos, *, lost: int, duplicated: int) -> None:
+def _record_whole_kill_and_sigterm(
+    chaos: Chaos, *, lost: int, duplicated: int, suffix: str
+) -> None:
     done = chaos.recovery.done
     common = {"jobs": JOBS, "duplicated": duplicated}
     figures.record(
-        "crash.2.whole_kill",
-        scenario=f"a whole worker killed with -9 (visibility timeout {VISIBILITY_S} s, sweep 1 s)",
+        "crash.2.whole_kill" + suffix,
+        scenario=(
+            "a whole worker killed with -9 (RabbitMQ, production settings)"
+            if suffix
+            else f"a whole worker killed with -9 (visibility timeout {VISIBILITY_S} s, sweep 1 s)"
+        ),
         faults=(
             f"{chaos.whole_kills} x kill -9 of a worker (and its children) caught holding a "
             f"job; {chaos.whole_kill_held} unacked job(s) went down with it"
@@ -208,7 +237,10 @@ def _record_whole_kill_and_sigterm(chaos: Chaos, *, lost: int, duplicated: int) 
         recover_s=done["whole kill"][0] if "whole kill" in done else None,
         recover=f"{done['whole kill'][0]:.1f} s" if "whole kill" in done else "n/a (none held)",
         checked=(
-            "same run as crash.1: the dead worker's unacked jobs come back only after the "
+            "same run as crash.1: the dead worker's unacked jobs come back when RabbitMQ sees "
+            "its connection close, and land exactly once"
+            if suffix
+            else "same run as crash.1: the dead worker's unacked jobs come back only after the "
             "visibility timeout, then land exactly once (production timeout ~68 min); "
             "none is lost in the take (workers/broker.py)"
         ),
@@ -217,8 +249,9 @@ def _record_whole_kill_and_sigterm(chaos: Chaos, *, lost: int, duplicated: int) 
         **common,
     )
     figures.record(
-        "crash.3.sigterm",
-        scenario="a whole worker SIGTERM'd (soft shutdown 3 s) under load",
+        "crash.3.sigterm" + suffix,
+        scenario="a whole worker SIGTERM'd (soft shutdown 3 s) under load"
+        + (" (RabbitMQ)" if suffix else ""),
         faults=(
             f"1 x SIGTERM, {chaos.sigterm_held} jobs in flight; "
             f"exited (code 0) in {chaos.sigterm_exit_s:.1f} s"

@@ -68,6 +68,7 @@ class JobLoad(_AgentThreads):
         self.query = query
         self.tally = Tally(sent={})
         self.sent_at: dict[str, float] = {}  # session_id -> time.monotonic() of the send
+        self.task_sessions: dict[str, str] = {}  # task id -> session_id, of accepted sends
         self.send_failures = 0
 
     def _snapshot(self, tid: uuid.UUID, n: int) -> dict[str, Any]:
@@ -83,7 +84,7 @@ class JobLoad(_AgentThreads):
             snap = self._snapshot(tid, n)
             while True:
                 try:
-                    send_finalize(app, snap)
+                    task_id = send_finalize(app, snap)
                     break
                 except Exception:  # the broker is down: an agent retries the send
                     with self.lock:
@@ -93,6 +94,7 @@ class JobLoad(_AgentThreads):
             with self.lock:
                 self.tally.sent[snap["session_id"]] = tid
                 self.sent_at[snap["session_id"]] = time.monotonic()
+                self.task_sessions[task_id] = snap["session_id"]
             self.stopping.wait(self.interval_s)
 
 

@@ -59,14 +59,19 @@ class Chaos:
 
     def __init__(
         self,
-        broker: redis.Redis,
+        broker: redis.Redis | None,
         start_worker: Callable[..., WorkerProcess],
         env: dict[str, str],
         *,
         whole_kill_at_s: float,
         sigterm_at_s: float,
+        task_sessions: dict[str, str] | None = None,
     ) -> None:
+        """`broker`: a Redis broker, whose `unacked` hash says which jobs workers hold; None
+        for RabbitMQ, which tells no client that: the workers' logs do (jobs received and not
+        finished), mapped to session ids by `task_sessions` (task id -> session id)."""
         self.broker = broker
+        self.task_sessions = task_sessions if task_sessions is not None else {}
         self.start_worker = start_worker
         self.env = env
         self.whole_kill_at_s, self.sigterm_at_s = whole_kill_at_s, sigterm_at_s
@@ -121,13 +126,18 @@ class Chaos:
     def _holding_worker(self) -> WorkerProcess | None:
         """A live worker whose log shows a finalize job received and not yet finished."""
         for worker in self.live():
-            received: set[str] = set()
-            finished: set[str] = set()
-            for task_id, what in TASK_LINE.findall(worker.log()):
-                (received if what == "received" else finished).add(task_id)
-            if received - finished:
+            if _unfinished(worker):
                 return worker
         return None
+
+    def held(self) -> set[str]:
+        """session_ids of the finalize jobs workers hold (taken, not acked)."""
+        if self.broker is not None:
+            return held_finalize_jobs(self.broker)
+        return self._sessions(set().union(*(_unfinished(w) for w in self.workers)))
+
+    def _sessions(self, task_ids: set[str]) -> set[str]:
+        return {self.task_sessions[t] for t in task_ids if t in self.task_sessions}
 
     def _in_background(self, work: Callable[[], None]) -> None:
         """Faults that take seconds (a worker starting, a soft shutdown) must not pause the
@@ -146,7 +156,7 @@ class Chaos:
         if not children:
             return
         child = self.rng.choice(children)
-        in_flight = self.recovery.at_stake(held_finalize_jobs(self.broker))
+        in_flight = self.recovery.at_stake(self.held())
         try:
             os.kill(child, signal.SIGKILL)
         except ProcessLookupError:
@@ -156,21 +166,27 @@ class Chaos:
             self.recovery.fault("child", in_flight, time.monotonic())
 
     def kill_whole_worker(self, victim: WorkerProcess) -> None:
+        its_jobs = self._sessions(_unfinished(victim))
         victim.kill_hard()  # main process and children: nothing is handed back
         killed_at = time.monotonic()
         self.timeline.append((killed_at, f"whole kill -9 of {victim.log_path.name}"))
-        self._replace()
-        # What live workers hold is done within a moment; what stays is the dead worker's.
-        first = held_finalize_jobs(self.broker)
-        time.sleep(1.0)
-        held = (first & held_finalize_jobs(self.broker)) - landed(first)
+        if self.broker is None:
+            # RabbitMQ returns them the moment the connection drops: its jobs not yet landed.
+            held = its_jobs - landed(its_jobs)
+            self._replace()
+        else:
+            self._replace()
+            # What live workers hold is done within a moment; what stays is the dead worker's.
+            first = self.held()
+            time.sleep(1.0)
+            held = (first & self.held()) - landed(first)
         self.whole_kills += 1
         self.whole_kill_held = len(held)
         if held:
             self.recovery.fault("whole kill", held, killed_at)
 
     def sigterm_worker(self, victim: WorkerProcess) -> None:
-        held = self.recovery.at_stake(held_finalize_jobs(self.broker))
+        held = self.recovery.at_stake(self.held())
         t0 = time.monotonic()
         self.timeline.append((t0, f"SIGTERM of {victim.log_path.name}"))
         self.sigterm_held = len(held)
@@ -188,3 +204,12 @@ class Chaos:
     def join(self) -> None:
         for thread in self.threads:
             thread.join(90)
+
+
+def _unfinished(worker: WorkerProcess) -> set[str]:
+    """Task ids of the finalize jobs the worker's log shows received and not finished."""
+    received: set[str] = set()
+    finished: set[str] = set()
+    for task_id, what in TASK_LINE.findall(worker.log()):
+        (received if what == "received" else finished).add(task_id)
+    return received - finished
