@@ -19,6 +19,7 @@ named queue, so producers that only name the queue keep working.
 
 from __future__ import annotations
 
+from typing import Any
 from urllib.parse import urlsplit
 
 from kombu import Exchange, Queue
@@ -86,3 +87,12 @@ def dead_letter_queue() -> Queue:
         durable=True,
         queue_arguments={"x-queue-type": "quorum"},
     )
+
+
+def publish_options(broker_url: str, queue: str) -> dict[str, Any]:
+    """`send_task` options that send to `queue` as its workers declare it, declaring nothing
+    new: on RabbitMQ the exchange and routing key (naming the queue would make Celery declare
+    a plain queue, which fails against the quorum one); on Redis the queue by name."""
+    if is_amqp(broker_url):
+        return {"exchange": EXCHANGE, "routing_key": queue, "declare": []}
+    return {"queue": queue}

@@ -16,13 +16,16 @@ from pathlib import Path
 import pytest
 
 from tests.support import REPO
+from tests.support.brokers import BROKERS
 
 TIMEOUT_S = 300
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(TIMEOUT_S + 60)
-def test_demo_end_to_end(tmp_path: Path) -> None:
+@pytest.mark.parametrize("broker", BROKERS, indirect=True)
+def test_demo_end_to_end(tmp_path: Path, broker: str) -> None:
+    """On either broker (CELERY_BROKER_URL, as the `broker` fixture sets it)."""
     env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": str(REPO)}
     env.pop("MEMORY_SUMMARY_MAX_TOKENS", None)
     proc = subprocess.run(

@@ -37,11 +37,13 @@ from memory_core.db import get_engine, reset_engines
 from memory_core.devservices import DevServices, ensure_services
 from memory_core.devservices.poll import WaitTimeout, wait_for
 from memory_core.devservices.ports import free_port
+from memory_core.devservices.rabbitmq import purge_queues
 from memory_core.devservices.workers import QUEUES, WorkerProcess
 from memory_core.events import MEMORY_SUMMARIZATION_FAILED as FOLD_FAILED
 from memory_core.events import MEMORY_SUMMARIZED as FOLDED
 from memory_core.events import Event, EventConsumer, format_event, routine_stream
 from memory_core.migrate import upgrade
+from memory_core.queues import FINALIZE_QUEUE, FINALIZE_TASK, is_amqp, publish_options
 from memory_core.redis_client import make_redis
 from memory_core.settings import Settings
 from memory_core.tokens import count_tokens
@@ -117,6 +119,8 @@ class Demo:
         # The agent side: a Celery app of its own that knows the memory jobs only by name.
         self.producer = Celery("analytics-agent", broker=broker, set_as_current=False)
         self.producer.conf.update(task_serializer="json", broker_connection_retry=False)
+        if is_amqp(broker):  # a send that returned is on the broker's disk
+            self.producer.conf.broker_transport_options = {"confirm_publish": True}
         where = "CELERY_BROKER_URL" if explicit else f"dedicated db {BROKER_DB}"
         try:
             purged = self.purge()
@@ -261,7 +265,8 @@ class Demo:
         snapshot = {**asdict(turn), **ids, "agent_type": agent_type}
         snapshot["response_payload"] = {"blocks": [{"type": "markdown", "text": turn.answer}]}
         snapshot["completed_at"] = datetime.now(UTC).isoformat()
-        self.producer.send_task("memory.finalize_turn", args=[snapshot], queue="memory.finalize")
+        where = publish_options(self.settings.celery_broker_url, FINALIZE_QUEUE)
+        self.producer.send_task(FINALIZE_TASK, args=[snapshot], **where)
 
     def row(self, tid: uuid.UUID, min_seq: int = 1) -> Any:
         """The thread row once it holds turn `min_seq`, else None."""
@@ -300,6 +305,9 @@ class Demo:
             raise DemoError(f"{exc} ({logs})") from None
 
     def purge(self) -> int:
+        url = self.settings.celery_broker_url
+        if is_amqp(url):  # queues that do not exist yet (no worker ran) are skipped
+            return sum(purge_queues(url, QUEUES.split(",")).values())
         with self.producer.connection_for_write() as conn:
             return sum(int(conn.default_channel.queue_purge(q) or 0) for q in QUEUES.split(","))
 

@@ -22,8 +22,10 @@ from memory_core.devservices.fake_llm import FakeLLMServer
 from memory_core.devservices.poll import wait_for
 from memory_core.devservices.workers import WorkerProcess
 from memory_core.events import emit_event
+from memory_core.queues import is_amqp
 from tests.support import figures
 from tests.support.agents import InProcessAgent, JobLoad
+from tests.support.brokers import BROKERS
 from tests.support.services import Stack
 from tests.support.snapshots import make_snapshot
 from tests.support.state import (
@@ -77,9 +79,12 @@ def _time_recovery(
     return recover_s, time.monotonic() - outage.up_began
 
 
+@pytest.mark.parametrize("broker", BROKERS, indirect=True)
 def test_postgres_stopped_for_10_s_under_load(
-    stack: Stack, start_worker: Callable[..., WorkerProcess], llm: FakeLLMServer
+    stack: Stack, start_worker: Callable[..., WorkerProcess], llm: FakeLLMServer, broker: str
 ) -> None:
+    """On RabbitMQ the jobs' retry countdowns (1, 2, 4, ... s) wait in the broker's delay
+    queues."""
     w = start_worker(concurrency=2)
     load = JobLoad(threads=8, interval_s=0.2).start()  # ~40 jobs/s through the worker
     agents = InProcessAgent(threads=2, interval_s=0.1).start()  # ~20 saves/s in-process
@@ -111,6 +116,7 @@ def test_postgres_stopped_for_10_s_under_load(
     assert w.alive()
     _record_postgres(
         outage,
+        suffix=".rabbitmq" if is_amqp(broker) else "",
         jobs=len(load.tally.sent),
         in_process=len(agents.tally.sent),
         failed=len(during),
@@ -126,6 +132,7 @@ def test_postgres_stopped_for_10_s_under_load(
 def _record_postgres(
     outage: Outage,
     *,
+    suffix: str,
     jobs: int,
     in_process: int,
     failed: int,
@@ -137,8 +144,9 @@ def _record_postgres(
     fold_catch_up_s: float,
 ) -> None:
     figures.record(
-        "outage.1.postgres",
-        scenario=f"Postgres stopped for {PG_DOWN_S:.0f} s under load (pg_ctl stop -m fast)",
+        "outage.1.postgres" + suffix,
+        scenario=f"Postgres stopped for {PG_DOWN_S:.0f} s under load (pg_ctl stop -m fast)"
+        + (" (RabbitMQ)" if suffix else ""),
         jobs=jobs + in_process,
         faults=(
             f"1 x Postgres down {outage.up_began - outage.stop_began:.1f} s with folds in "
