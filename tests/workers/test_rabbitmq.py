@@ -16,6 +16,7 @@ import redis
 from celery import Celery
 from kombu import Connection, Queue
 
+from memory_core import RedisConversationMemory, save_session_to_thread_safe
 from memory_core.devservices.fake_llm import FakeLLMServer
 from memory_core.devservices.poll import wait_for
 from memory_core.devservices.rabbitmq import drop_vhost
@@ -30,6 +31,7 @@ from memory_core.queues import (
     FOLD_QUEUE,
     FOLD_TASK,
 )
+from memory_core.settings import Settings
 from tests.support.brokers import RABBITMQCTL, ready, vhost_of
 from tests.support.snapshots import make_snapshot
 from tests.support.state import count_stored, drain_events, thread_row
@@ -99,6 +101,30 @@ def test_a_fold_the_broker_refuses_is_logged_counted_and_not_lost(
     with Connection(other_vhost) as conn:
         conn.default_channel.queue_delete(FOLD_QUEUE)
     assert publish_fold(uuid.uuid4(), other_vhost) is True
+    assert ready(other_vhost, FOLD_QUEUE) == 1
+
+
+def test_a_refused_fold_is_republished_by_a_later_turn_once_the_queue_is_right(
+    broker: str, other_vhost: str, redis_client: redis.Redis
+) -> None:
+    """The safety net behind a refused publish: the thread row keeps the fold due, and the
+    first turn after the republish grace publishes it again."""
+    with Connection(other_vhost) as conn:
+        Queue(FOLD_QUEUE, durable=True)(conn.default_channel).declare()  # a classic queue
+    settings = Settings(celery_broker_url=other_vhost, memory_fold_republish_grace_s=1)
+    memory = RedisConversationMemory(redis_client, settings=settings)
+    tid = uuid.uuid4()
+    outcomes = [
+        save_session_to_thread_safe(make_snapshot(tid, n), memory=memory) for n in range(1, 22)
+    ]
+    assert outcomes[-1].status == "saved" and not outcomes[-1].fold_published
+    row = thread_row(tid)
+    assert row is not None and row.fold_due_at is not None  # the request stays on the row
+    with Connection(other_vhost) as conn:
+        conn.default_channel.queue_delete(FOLD_QUEUE)
+    time.sleep(1.2)  # the grace
+    later = save_session_to_thread_safe(make_snapshot(tid, 22), memory=memory)
+    assert later.fold_published
     assert ready(other_vhost, FOLD_QUEUE) == 1
 
 
