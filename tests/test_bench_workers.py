@@ -1,37 +1,83 @@
-"""Smoke test of `agent-memory bench workers`: it runs end to end and reports every figure.
+"""Smoke tests of `agent-memory bench workers`: it runs end to end, on Redis and on RabbitMQ.
 
-No timing assertions (the figures depend on the machine; docs/BENCHMARKS.md holds a real run).
-The one exact assertion is a correctness property of the fold arithmetic: a 100-turn thread
-costs 8 LLM calls (folds at turns 21, 32, ..., 98).
+No timing assertions (the figures depend on the machine; docs/BENCHMARKS.md holds real runs).
+What is asserted exactly are the bench's invariants: every job it enqueued ran (the finalize
+rows landed, the worker counted every no-op), nothing is left on the broker, everything it
+created is gone (threads, its RabbitMQ vhost or Redis keys); and one correctness property of the
+fold arithmetic: a 100-turn thread costs 8 LLM calls (folds at turns 21, 32, ..., 98).
 """
 
 from __future__ import annotations
 
 import math
+import os
+import subprocess
 
+import pytest
 import redis
 from sqlalchemy import text
 
-from memory_core.bench.workers import COMMAND, bench_workers
+from memory_core.bench.workers import COMMAND, bench_workers, bench_workers_brokers
 from memory_core.db import get_engine
+from memory_core.devservices.rabbitmq import ensure_rabbitmq
 from memory_core.settings import get_settings
+from tests.support.brokers import RABBITMQCTL
 
 FIGURES = (
     "finalize.jobs_s",
     "noop.jobs_s",
     "finalize.ratio",
+    "finalize.jobs_s_from_pickup",
+    "noop.jobs_s_from_pickup",
+    "finalize.ratio_from_pickup",
     "finalize.jobs_s_with_folds",
     "finalize.folds",
+    "enqueue.jobs_s",
+    "pickup_ms.p50",
+    "pickup_ms.max",
     "task.finalize_turn_p50_ms",
     "task.fold_thread_p50_ms",
     "task.bench_noop_p50_ms",
     "task.fold_share",
-    "llm_calls_100_turns",
-    "prompt.tokens_early",
-    "prompt.tokens_late",
-    "prompt.ratio",
     "wall_s",
 )
+FOLD_FIGURES = ("llm_calls_100_turns", "prompt.tokens_early", "prompt.tokens_late", "prompt.ratio")
+INVARIANTS = ("jobs.finalized", "jobs.noop_done", "broker.left")
+
+
+def _assert_invariants(results: dict[str, float], jobs: int) -> None:
+    assert set(FIGURES) <= results.keys()
+    for key in FIGURES:
+        value = results[key]
+        assert isinstance(value, float) and math.isfinite(value) and value > 0, (key, value)
+    assert results["jobs.finalized"] == jobs  # every finalize job committed its turn, once
+    assert results["jobs.noop_done"] == jobs  # the worker ran every no-op job
+    assert results["broker.left"] == 0  # nothing queued, unacked or dead-lettered
+
+
+def _assert_nothing_left(settings_database_url: str) -> None:
+    with get_engine(settings_database_url).connect() as conn:  # everything it made is gone
+        left = conn.scalar(
+            text("SELECT count(*) FROM conversation_threads WHERE owner_id LIKE 'benchw-%'")
+        )
+        seen = conn.scalar(
+            text(
+                "SELECT count(*) FROM memory_settings_seen "
+                "WHERE fingerprint LIKE 'key_prefix=chat_conversation:benchw:%'"
+            )
+        )
+    assert (left, seen) == (0, 0)
+
+
+def _bench_vhosts() -> list[str]:
+    out = subprocess.run(
+        [RABBITMQCTL, "-q", "list_vhosts", "--no-table-headers"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    return [v for v in out.split() if v.startswith("agent_memory_benchw_")]
 
 
 def test_bench_workers_reports_every_figure_and_8_llm_calls_per_100_turns() -> None:
@@ -40,7 +86,6 @@ def test_bench_workers_reports_every_figure_and_8_llm_calls_per_100_turns() -> N
     # in-process tests may have left fold jobs in (nothing consumes them).
     broker = redis.Redis.from_url(settings.celery_broker_url)
     broker.flushdb()
-    broker.close()
     lines: list[str] = []
     results = bench_workers(
         database_url=settings.database_url,
@@ -49,9 +94,9 @@ def test_bench_workers_reports_every_figure_and_8_llm_calls_per_100_turns() -> N
         jobs=40,
         out=lines.append,
     )
-    assert set(FIGURES) <= results.keys()
-    for key, value in results.items():
-        assert isinstance(value, float) and math.isfinite(value) and value > 0, (key, value)
+    _assert_invariants(results, 40)
+    for key in FOLD_FIGURES:
+        assert math.isfinite(results[key]) and results[key] > 0, key
     assert results["llm_calls_100_turns"] == 8
     assert lines[0].startswith(f"$ {COMMAND} --jobs 40 --broker-url redis://")
     verdicts = [line for line in lines if line.endswith(("| PASS |", "| MISS |"))]
@@ -60,8 +105,46 @@ def test_bench_workers_reports_every_figure_and_8_llm_calls_per_100_turns() -> N
         "| LLM calls for a 100-turn thread (folds at turns 21, 32, 43, 54, 65, 76, 87, 98)"
         in (verdicts[1])
     )
-    with get_engine(settings.database_url).connect() as conn:  # everything it made is gone
-        left = conn.scalar(
-            text("SELECT count(*) FROM conversation_threads WHERE owner_id LIKE 'benchw-%'")
-        )
-    assert left == 0
+    assert any("landed: finalize 40/40, no-op 40/40" in line for line in lines)
+    assert broker.dbsize() == 0  # the keys the bench created on its broker are deleted
+    broker.close()
+    _assert_nothing_left(settings.database_url)
+
+
+def test_bench_workers_on_rabbitmq_beside_redis() -> None:
+    """Both brokers in one run, side by side: RabbitMQ in a throwaway vhost (quorum queues on
+    the exchange `memory`, publisher confirms), dropped at the end."""
+    if not os.path.exists(RABBITMQCTL):
+        pytest.skip("rabbitmqctl not found: the bench's throwaway vhost needs the local node")
+    settings = get_settings()
+    rabbitmq = ensure_rabbitmq(os.environ.get("MEMORY_TEST_RABBITMQ_URL"))
+    broker = redis.Redis.from_url(settings.celery_broker_url)
+    broker.flushdb()
+    vhosts_before = _bench_vhosts()
+    lines: list[str] = []
+    runs = bench_workers_brokers(
+        database_url=settings.database_url,
+        redis_url=settings.redis_url,
+        brokers=[rabbitmq, settings.celery_broker_url],
+        jobs=24,  # turns 21-44 of one thread: two folds among them
+        out=lines.append,
+    )
+    assert list(runs) == [rabbitmq, settings.celery_broker_url]
+    for spec, [results] in runs.items():
+        _assert_invariants(results, 24)
+        assert math.isfinite(results["finalize.ratio"]), spec
+    assert runs[rabbitmq][0]["llm_calls_100_turns"] == 8  # measured once, in the first run
+    assert "llm_calls_100_turns" not in runs[settings.celery_broker_url][0]
+    header = next(i for i, line in enumerate(lines) if line.startswith("$ "))
+    assert lines[header].startswith(f"$ {COMMAND} --jobs 24 --broker-url amqp://")
+    assert "guest:guest" not in "\n".join(lines)  # no credentials printed
+    assert any("RabbitMQ 3." in line and "(throwaway vhost)" in line for line in lines)
+    table = [line for line in lines if line.startswith("| ")]
+    assert table[0].count("|") == 4  # figure, then one column per broker
+    assert any(
+        line.startswith("| jobs left on the broker after the run | 0 | 0 |") for line in table
+    )
+    assert _bench_vhosts() == vhosts_before  # its vhost is gone
+    assert broker.dbsize() == 0
+    broker.close()
+    _assert_nothing_left(settings.database_url)

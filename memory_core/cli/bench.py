@@ -46,21 +46,54 @@ def bench_rss_cmd(turns: int = 1000) -> None:
 @one_line_errors
 def bench_workers_cmd(
     broker_url: Annotated[
-        str, typer.Option(help="A Redis broker (database) for the bench worker alone.")
-    ],
+        list[str] | None,
+        typer.Option(
+            help="A broker for the bench worker alone: a Redis database (redis://) or RabbitMQ "
+            "(amqp://; on the local node the bench uses a throwaway vhost). Repeatable: the "
+            "brokers then run in turn and print side by side."
+        ),
+    ] = None,
+    brokers: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated broker names, e.g. redis,rabbitmq: redis is database 2 of "
+            "REDIS_URL's server, rabbitmq a throwaway vhost on CELERY_BROKER_URL's node if "
+            "it is amqp://, else on the local node (amqp://guest:guest@127.0.0.1:5672/)."
+        ),
+    ] = None,
     jobs: int = 2000,
+    repeat: Annotated[
+        int, typer.Option(help="Runs per broker, alternating brokers; prints each and medians.")
+    ] = 1,
 ) -> None:
     """Finalize jobs/s vs a no-op task, LLM calls per 100 turns, fold prompt size."""
-    from memory_core.bench.workers import bench_workers
+    from kombu.exceptions import OperationalError as BrokerUnreachable
+
+    from memory_core.bench.workers import bench_workers, bench_workers_brokers
 
     s = get_settings()
+    specs = [b.strip() for b in (brokers or "").split(",") if b.strip()] + list(broker_url or [])
+    if not specs:
+        fail("name a broker: --broker-url URL (repeatable) or --brokers redis,rabbitmq")
     try:
-        bench_workers(
-            database_url=s.database_url,
-            redis_url=s.redis_url,
-            broker_url=broker_url,
-            jobs=jobs,
-        )
+        if len(specs) == 1 and repeat == 1 and "://" in specs[0]:
+            bench_workers(
+                database_url=s.database_url,
+                redis_url=s.redis_url,
+                broker_url=specs[0],
+                jobs=jobs,
+            )
+        else:
+            bench_workers_brokers(
+                database_url=s.database_url,
+                redis_url=s.redis_url,
+                brokers=specs,
+                celery_broker_url=s.celery_broker_url,
+                jobs=jobs,
+                repeat=repeat,
+            )
+    except BrokerUnreachable as exc:
+        fail(f"cannot reach the broker: {exc}")
     except (RuntimeError, ValueError) as exc:
         fail(str(exc))
 
