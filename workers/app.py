@@ -47,6 +47,7 @@ from memory_core.tokens import encoding
 
 from .broker import use_atomic_take
 from .logging import configure_logging
+from .shutdown import DeferShutdownSignals
 
 FINALIZE_SOFT_LIMIT_S = 30
 FINALIZE_HARD_LIMIT_S = 60
@@ -169,6 +170,7 @@ def make_app() -> Celery:
         task_send_sent_event=True,
     )
     app.steps["consumer"].add(DeclareTopology)
+    app.steps["consumer"].add(DeferShutdownSignals)  # SIGTERM never deadlocks the shutdown
     return app
 
 

@@ -10,6 +10,7 @@ MEMORY_WORKER_SOFT_SHUTDOWN_S to finish, everything else the worker holds goes b
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -124,8 +125,9 @@ class WorkerProcess:
         return [int(p) for p in out.stdout.split()]
 
     def stop(self, timeout_s: float = 60) -> int:
-        """SIGTERM (soft shutdown), wait; SIGKILL the whole group if it outlasts `timeout_s`.
-        Returns the exit code."""
+        """SIGTERM (soft shutdown), wait; SIGKILL the whole group if it outlasts `timeout_s`,
+        after writing where each of its processes was stuck to its log. Returns the exit code
+        (-9: it hung)."""
         self.stopped = True
         if self.proc is None:
             return 0
@@ -134,8 +136,37 @@ class WorkerProcess:
             try:
                 return self.proc.wait(timeout_s)
             except subprocess.TimeoutExpired:
+                self._record_hang(timeout_s)
                 os.killpg(self.proc.pid, signal.SIGKILL)
         return self.proc.wait(10)
+
+    def _record_hang(self, timeout_s: float) -> None:
+        """Append to the log that the worker outlasted its stop, and every process's Python
+        stacks (py-spy, when installed): a hang seen once in CI must explain itself."""
+        pids = subprocess.run(
+            ["pgrep", "-g", str(self.pid)], capture_output=True, text=True, check=False
+        ).stdout.split()
+        lines = [f"\n=== {self.name} still running {timeout_s:g} s after SIGTERM: SIGKILL ==="]
+        search = [str(Path(sys.executable).parent), os.environ.get("PATH", os.defpath)]
+        spy = shutil.which("py-spy", path=os.pathsep.join(search))
+        if spy is None:
+            lines.append(f"processes {' '.join(pids)} (install py-spy for their stacks)")
+            pids = []
+        for pid in pids:
+            try:
+                out = subprocess.run(
+                    [str(spy), "dump", "--pid", pid],
+                    capture_output=True,
+                    text=True,
+                    timeout=30,
+                    check=False,
+                )
+                failed = (out.stderr.strip().splitlines() or ["?"])[0]
+                lines.append(out.stdout if out.returncode == 0 else f"pid {pid}: {failed}")
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                lines.append(f"py-spy dump --pid {pid}: {exc!r}")
+        with self.log_path.open("a") as log:
+            log.write("\n".join(lines) + "\n")
 
     def kill_hard(self) -> None:
         """kill -9 the whole worker: main process and children, no chance to clean up."""
