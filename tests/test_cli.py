@@ -81,6 +81,13 @@ def test_bench_on_a_missing_database_is_one_clear_line() -> None:
     assert len(out.stderr.strip().splitlines()) == 1
 
 
+def test_bench_on_an_unreachable_broker_names_the_broker() -> None:
+    out = run("bench", "workers", "--broker-url", "redis://127.0.0.1:1/0")
+    assert out.returncode == 1
+    assert out.stderr.startswith("error: cannot reach the broker at redis://127.0.0.1:1/0: ")
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
 def test_events_tail_plain_and_with_a_group(redis_client: redis.Redis) -> None:
     stream = f"memory:events:cli:{uuid.uuid4().hex[:6]}"
     tid = str(uuid.uuid4())

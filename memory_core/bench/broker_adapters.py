@@ -87,7 +87,12 @@ class RedisBroker:
             )
         self.url = self.where = url
         self.client = redis.Redis.from_url(url)
-        self._before = set(self.client.scan_iter(count=1000))
+        try:
+            self._before = set(self.client.scan_iter(count=1000))
+        except redis.ConnectionError as exc:  # named as the broker, not as REDIS_URL
+            self.client.close()
+            where = without_credentials(url)
+            raise RuntimeError(f"cannot reach the broker at {where}: {exc}") from None
 
     def version(self) -> str:
         return f"Redis {self.client.info('server').get('redis_version', '?')}"

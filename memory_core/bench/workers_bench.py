@@ -65,6 +65,10 @@ class WorkersBench:
         self.jobs = jobs
         self.n_threads = max(1, min(MAX_THREADS, jobs // TURNS_PER_THREAD))
         tag = uuid.uuid4().hex[:12]
+        # Postgres first: the first thing the command's options name, and the first to fail.
+        dsn = make_url(database_url).set(drivername="postgresql")
+        self.pg = psycopg2.connect(dsn.render_as_string(hide_password=False))
+        self.pg.autocommit = True
         self.broker = open_broker(broker_url, redis_url, tag)
         self.urls = (database_url, redis_url, self.broker.url)
         self.owner, self.stream = f"benchw-{tag}", f"memory:events:benchw:{tag}"
@@ -85,9 +89,6 @@ class WorkersBench:
         )
         self.threads: list[uuid.UUID] = []  # every thread, for the cleanup
         self.loaded: list[uuid.UUID] = []  # the worker's threads, whose rows are counted
-        dsn = make_url(self.settings.database_url).set(drivername="postgresql")
-        self.pg = psycopg2.connect(dsn.render_as_string(hide_password=False))
-        self.pg.autocommit = True
         # For control messages. CELERY_BROKER_URL in the environment would win over `broker=`,
         # but not over the read/write URLs.
         self.app = celery.Celery("agent-memory-bench", set_as_current=False)
