@@ -30,9 +30,11 @@ from memory_core.devservices.poll import wait_for
 from memory_core.devservices.workers import WorkerProcess
 from memory_core.events import Event, EventConsumer
 from memory_core.models import ConversationThread, ThreadMessage
+from memory_core.queues import FINALIZE_QUEUE, is_amqp
 from memory_core.redis_client import make_redis
 from tests.support import figures
 from tests.support.bad_input import MIB, names_field, nested
+from tests.support.brokers import BROKERS, held, ready
 from tests.support.services import Stack
 from tests.support.snapshots import make_snapshot
 from tests.support.state import landed
@@ -318,11 +320,13 @@ def _match_events_to_jobs(events: list[Event], sent: list[tuple[str, Any]]) -> N
             raise AssertionError(f"no rejection event names {field} for {str(payload)[:200]}")
 
 
+@pytest.mark.parametrize("broker", BROKERS, indirect=True)
 def test_generated_bad_payloads_through_the_core_and_a_worker(
     stack: Stack,
     start_worker: Callable[..., WorkerProcess],
     agent: Celery,
     events_stream: str,
+    broker: str,
 ) -> None:
     memory = RedisConversationMemory()
     before = _counts()
@@ -349,10 +353,13 @@ def test_generated_bad_payloads_through_the_core_and_a_worker(
     good = make_snapshot(uuid.uuid4(), 1)
     send_finalize(agent, good)
     wait_for(lambda: landed([good["session_id"]]), 30, "a valid job after the rejects", w.log)
-    assert w.alive() and redis.llen("memory.finalize") == 0 and redis.hlen("unacked") == 0
+    wait_for(lambda: held(broker) == 0, 30, "the last job's ack", w.log)
+    assert w.alive() and ready(broker, FINALIZE_QUEUE) == 0
+    amqp = is_amqp(broker)
     figures.record(
-        "input.1.generated",
-        scenario="hypothesis-generated bad payloads, through the core and a worker",
+        "input.1.generated" + (".rabbitmq" if amqp else ""),
+        scenario="hypothesis-generated bad payloads, through the core and a worker"
+        + (" (RabbitMQ)" if amqp else ""),
         jobs=len(cases) + len(sent),
         faults=(
             f"{len(cases)} payloads in-process ({core_s:.0f} s) + {len(sent)} as jobs "

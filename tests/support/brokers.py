@@ -16,7 +16,7 @@ from celery import Celery
 from kombu import Connection
 
 from memory_core.devservices.rabbitmq import purge_queues
-from memory_core.queues import is_amqp
+from memory_core.queues import FINALIZE_QUEUE, FOLD_QUEUE, is_amqp
 
 BROKERS = ["redis", "rabbitmq"]  # indirect parametrization of the `broker` fixture
 RABBITMQCTL = shutil.which("rabbitmqctl") or "/usr/sbin/rabbitmqctl"
@@ -73,7 +73,8 @@ def held(url: str) -> int:
             return int(client.hlen("unacked"))
         finally:
             client.close()
-    return sum(unacked for _, unacked in rabbitmq_queues(url).values())
+    queues = rabbitmq_queues(url)
+    return sum(queues.get(name, (0, 0))[1] for name in (FINALIZE_QUEUE, FOLD_QUEUE))
 
 
 def delayed(url: str) -> int:
