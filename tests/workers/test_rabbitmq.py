@@ -21,7 +21,7 @@ from memory_core.devservices.fake_llm import FakeLLMServer
 from memory_core.devservices.poll import wait_for
 from memory_core.devservices.rabbitmq import drop_vhost
 from memory_core.devservices.rabbitmq import test_vhost as create_vhost
-from memory_core.devservices.workers import WorkerProcess
+from memory_core.devservices.workers import WorkerExited, WorkerProcess
 from memory_core.fold_publisher import publish_fold, publisher_app
 from memory_core.metrics import FOLD_PUBLISH_FAILURES
 from memory_core.queues import (
@@ -126,6 +126,19 @@ def test_a_refused_fold_is_republished_by_a_later_turn_once_the_queue_is_right(
     later = save_session_to_thread_safe(make_snapshot(tid, 22), memory=memory)
     assert later.fold_published
     assert ready(other_vhost, FOLD_QUEUE) == 1
+
+
+def test_a_worker_facing_a_queue_declared_otherwise_exits_with_the_reason(
+    broker: str, other_vhost: str, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    """An older deployment's classic `memory.finalize`: the worker cannot declare its quorum
+    queue, says why (PRECONDITION_FAILED, the argument) and exits instead of idling."""
+    with Connection(other_vhost) as conn:
+        Queue(FINALIZE_QUEUE, durable=True)(conn.default_channel).declare()  # a classic queue
+    with pytest.raises(WorkerExited) as exited:
+        start_worker(queues=FINALIZE_QUEUE, env={"CELERY_BROKER_URL": other_vhost})
+    assert "exited with code 1" in str(exited.value)
+    assert "PRECONDITION_FAILED - inequivalent arg" in str(exited.value)
 
 
 def test_a_publish_the_broker_cannot_route_raises_instead_of_vanishing(
