@@ -153,7 +153,9 @@ def test_fold_failure_emits_event_persists_attempt_and_retries(
     url = str(agent.conf.broker_url)
     if is_amqp(url):
         wait_for(lambda: delayed(url) == 1, 30, "the retry in a delay queue", w.log)
-        assert (held(url), scheduled(url)) == (0, 0)
+        # The failed attempt's own delivery is acked just after its retry is confirmed.
+        wait_for(lambda: held(url) == 0, 30, "the failed attempt's ack", w.log)
+        assert (delayed(url), scheduled(url)) == (1, 0)
     else:
         wait_for(lambda: (held(url), scheduled(url)) == (1, 1), 30, "the held retry", w.log)
     # An operator-published fold after recovery folds right away and the waiting retry later
