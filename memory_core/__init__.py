@@ -9,6 +9,19 @@ from memory_core.artifacts import (
 )
 from memory_core.context import ConversationContext, Exchange
 from memory_core.conversation_memory import RedisConversationMemory, ThreadNotFound
+from memory_core.lifecycle import (
+    DeleteFailed,
+    ForgetReport,
+    PurgeReport,
+    RetentionReport,
+    ThreadInfo,
+    apply_retention,
+    archive_thread,
+    delete_thread,
+    forget_owner,
+    list_threads,
+    unarchive_thread,
+)
 from memory_core.session_handler import SaveOutcome, save_session_to_thread_safe
 from memory_core.settings import Settings, get_settings
 from memory_core.snapshot import TurnSnapshot
@@ -18,16 +31,27 @@ __all__ = [
     "Artifact",
     "ConversationContext",
     "DashboardArtifact",
+    "DeleteFailed",
     "Exchange",
+    "ForgetReport",
+    "PurgeReport",
     "RedisConversationMemory",
+    "RetentionReport",
     "SaveOutcome",
     "Settings",
     "SqlArtifact",
+    "ThreadInfo",
     "ThreadNotFound",
     "TurnSnapshot",
     "VisualizationArtifact",
+    "apply_retention",
+    "archive_thread",
+    "delete_thread",
     "derive_artifacts",
+    "forget_owner",
     "get_settings",
+    "list_threads",
     "render_conversation_context",
     "save_session_to_thread_safe",
+    "unarchive_thread",
 ]

@@ -51,6 +51,12 @@ class BoundedCache(Generic[K, V]):
                 _, (_, dropped) = self._data.popitem(last=False)
                 self._bytes -= dropped
 
+    def pop(self, key: K) -> None:
+        with self._lock:
+            old = self._data.pop(key, None)
+            if old is not None:
+                self._bytes -= old[1]
+
     def clear(self) -> None:
         with self._lock:
             self._data.clear()

@@ -186,6 +186,8 @@ class RedisConversationMemory:
         known = self._parsed.get(tid)
         found = self.copy.read_if_changed(tid, owner_id, known[0] if known else None)
         if found is None or isinstance(found, str):
+            if known is not None:  # the copy is gone (expired, or the thread deleted)
+                self._parsed.pop(tid)
             return found
         version, meta, members = found
         if members is None and known is not None:
@@ -324,7 +326,16 @@ class RedisConversationMemory:
 
     def invalidate(self, thread_id: UUID | str) -> None:
         """Drop the working copy (the next read rehydrates from Postgres)."""
-        self.copy.delete(_as_uuid(thread_id))
+        tid = _as_uuid(thread_id)
+        self._parsed.pop(tid)
+        self.copy.delete(tid)
+
+    def forget_copies(self, thread_ids: list[UUID]) -> int:
+        """Deleted threads: drop their copies (here and in Redis) and refuse later writes to
+        them (`WorkingCopy.forget`). Raises Redis errors: a delete must not go on without it."""
+        for tid in thread_ids:
+            self._parsed.pop(tid)
+        return self.copy.forget(thread_ids) if thread_ids else 0
 
 
 def _check_owner(thread_id: UUID, owner_id: str) -> None:

@@ -11,26 +11,42 @@ Two systems, deliberately kept apart (see README, "LangGraph"):
   schema (`langgraph`: tables checkpoints, checkpoint_blobs, checkpoint_writes,
   checkpoint_migrations), created by `setup_checkpointer` (run by `agent-memory migrate`).
   Alembic never sees that schema, so it is not migration drift. Its threads are runs: use the
-  turn's `session_id` as the checkpointer's `thread_id` (`run_config`), and `forget_run` once
-  the run has finalized (checkpoints are kept per session, not per conversation).
+  turn's `session_id` as the checkpointer's `thread_id` (`run_config_for(state)`), and
+  `forget_run` once the run has finalized (checkpoints are kept per session, not per
+  conversation). Every checkpoint's metadata records the run's conversation
+  (`memory_thread_id`, `memory_owner_id`, indexed), so deleting a conversation thread or
+  forgetting a user deletes its runs' checkpoints too, paused runs included, in the caller's
+  transaction (`delete_thread_checkpoints`, `delete_owner_checkpoints`: plain SQLAlchemy).
 
 The state field `conversation_context` holds `ConversationContext.model_dump(mode="json")`:
 plain JSON, so the checkpointer's serializer never needs to revive a custom class (it works with
-`LANGGRAPH_STRICT_MSGPACK=true`). The memory helpers need no LangGraph; the checkpointer
-functions need the extra: `pip install '.[langgraph]'`.
+`LANGGRAPH_STRICT_MSGPACK=true`). The memory helpers and the checkpoint deletions need no
+LangGraph; the checkpointer functions need the extra: `pip install '.[langgraph]'`.
 """
 
 from __future__ import annotations
 
-import importlib
-import re
 import uuid
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Literal, TypedDict, cast
+from collections.abc import Callable, Mapping
+from typing import Any, Literal, TypedDict
 
 from pydantic import ValidationError
 
+from memory_core.checkpoints import (
+    CHECKPOINT_SCHEMA,
+    CHECKPOINT_TABLES,
+    INSTALL_HINT,
+    META_OWNER_ID,
+    META_THREAD_ID,
+    checkpoint_runs,
+    checkpointer_conninfo,
+    delete_owner_checkpoints,
+    delete_thread_checkpoints,
+    forget_run,
+    langgraph_available,
+    postgres_checkpointer,
+    setup_checkpointer,
+)
 from memory_core.context import ConversationContext
 from memory_core.conversation_memory import RedisConversationMemory, ThreadNotFound
 from memory_core.fold_publisher import FINALIZE_QUEUE, FINALIZE_TASK, send_by_name
@@ -43,24 +59,37 @@ from memory_core.session_handler import (
 from memory_core.settings import get_settings
 from memory_core.views import DEFAULT_MAX_TOKENS, Focus, render_conversation_context
 
-if TYPE_CHECKING:
-    from langgraph.checkpoint.postgres import PostgresSaver
-
 log = get_logger(__name__)
 
-INSTALL_HINT = "pip install '.[langgraph]'"
-CHECKPOINT_SCHEMA = "langgraph"
-CHECKPOINT_TABLES = (
-    "checkpoint_migrations",
-    "checkpoints",
-    "checkpoint_blobs",
-    "checkpoint_writes",
-)
-# pg_advisory_lock key serialising concurrent setups (CREATE ... IF NOT EXISTS can still race).
-_SETUP_LOCK = 0x4C47_4350  # "LGCP"
-_IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+# The checkpointer half lives in memory_core/checkpoints.py; its names are public here too.
+__all__ = [
+    "CHECKPOINT_SCHEMA",
+    "CHECKPOINT_TABLES",
+    "INSTALL_HINT",
+    "META_OWNER_ID",
+    "META_THREAD_ID",
+    "MemoryState",
+    "checkpoint_runs",
+    "checkpointer_conninfo",
+    "context_from_state",
+    "context_to_state",
+    "context_view",
+    "delete_owner_checkpoints",
+    "delete_thread_checkpoints",
+    "finalize_turn",
+    "forget_run",
+    "langgraph_available",
+    "load_conversation_context",
+    "make_finalize_node",
+    "make_load_context_node",
+    "new_run",
+    "postgres_checkpointer",
+    "run_config",
+    "run_config_for",
+    "setup_checkpointer",
+    "snapshot_from_state",
+]
 
-# The JSON form of memory_core.ConversationContext (what the state field holds).
 ConversationContextJSON = dict[str, Any]
 FinalizeMode = Literal["inprocess", "enqueue"]
 
@@ -98,9 +127,43 @@ def new_run(
     )
 
 
-def run_config(session_id: str | uuid.UUID, **configurable: Any) -> dict[str, Any]:
-    """The graph config of a run: the checkpointer's thread is the run (session), not the chat."""
-    return {"configurable": {"thread_id": str(session_id), **configurable}}
+def run_config(
+    session_id: str | uuid.UUID,
+    *,
+    thread_id: str | uuid.UUID | None = None,
+    owner_id: str | None = None,
+    **configurable: Any,
+) -> dict[str, Any]:
+    """The graph config of a run: the checkpointer's thread is the run (session), not the chat.
+
+    Pass the run's conversation (`thread_id`, `owner_id`) so its checkpoints can be found and
+    deleted with the conversation (`delete_thread_checkpoints`, `delete_owner_checkpoints`),
+    paused runs included: LangGraph copies `config["metadata"]` into every checkpoint's
+    metadata. `run_config_for(state)` does this from a run's input.
+    """
+    config: dict[str, Any] = {"configurable": {"thread_id": str(session_id), **configurable}}
+    metadata: dict[str, str] = {}
+    if thread_id is not None:
+        metadata[META_THREAD_ID] = str(uuid.UUID(str(thread_id)))
+    if owner_id is not None:
+        metadata[META_OWNER_ID] = str(owner_id)
+    if metadata:
+        config["metadata"] = metadata
+    return config
+
+
+def run_config_for(state: Mapping[str, Any], **configurable: Any) -> dict[str, Any]:
+    """The full config of a run from its input (`new_run`) or saved state values.
+
+    The checkpointer's thread is the state's `session_id`; its checkpoints record the
+    conversation `thread_id` and `owner_id` (when the state has them).
+    """
+    return run_config(
+        state["session_id"],
+        thread_id=state.get("thread_id"),
+        owner_id=state.get("owner_id"),
+        **configurable,
+    )
 
 
 def context_to_state(ctx: ConversationContext) -> ConversationContextJSON:
@@ -218,105 +281,3 @@ def make_finalize_node(
         return {"memory_outcome": finalize_turn(snapshot, mode=mode, memory=memory)}
 
     return finalize
-
-
-# -- the checkpointer: same database, own schema ---------------------------------------------
-
-
-def langgraph_available() -> bool:
-    """True when the `langgraph` extra (langgraph-checkpoint-postgres, psycopg 3) is installed."""
-    try:
-        for name in ("psycopg", "psycopg_pool", "langgraph.checkpoint.postgres"):
-            importlib.import_module(name)
-    except ImportError:
-        return False
-    return True
-
-
-def _require_langgraph() -> None:
-    if not langgraph_available():
-        raise ImportError(f"the LangGraph checkpointer needs the langgraph extra: {INSTALL_HINT}")
-
-
-def checkpointer_conninfo(database_url: str | None = None, schema: str = CHECKPOINT_SCHEMA) -> str:
-    """A psycopg 3 conninfo for DATABASE_URL whose search_path is the checkpointer's schema.
-
-    DATABASE_URL is SQLAlchemy-style (`postgresql+psycopg2://...`); libpq wants `postgresql://`.
-    """
-    _require_langgraph()
-    from psycopg.conninfo import make_conninfo
-    from sqlalchemy.engine import make_url
-
-    if not _IDENTIFIER.match(schema):
-        raise ValueError(f"schema must be a plain lower-case identifier, not {schema!r}")
-    url = make_url(database_url or get_settings().database_url)
-    if url.get_backend_name() != "postgresql":
-        raise ValueError(f"the checkpointer needs a PostgreSQL URL, not {url.drivername}")
-    libpq = url.set(drivername="postgresql").render_as_string(hide_password=False)
-    return make_conninfo(
-        libpq,
-        options=f"-c search_path={schema}",
-        application_name="agent-memory-checkpointer",
-        connect_timeout=5,
-    )
-
-
-def setup_checkpointer(database_url: str | None = None, schema: str = CHECKPOINT_SCHEMA) -> None:
-    """Create the schema and let PostgresSaver create or migrate its tables (idempotent)."""
-    _require_langgraph()
-    import psycopg
-    from langgraph.checkpoint.postgres import PostgresSaver
-    from psycopg import sql
-    from psycopg.rows import dict_row
-
-    conninfo = checkpointer_conninfo(database_url, schema)
-    # autocommit: PostgresSaver's migrations include CREATE INDEX CONCURRENTLY.
-    with psycopg.connect(
-        conninfo, autocommit=True, prepare_threshold=0, row_factory=dict_row
-    ) as conn:
-        conn.execute("SELECT pg_advisory_lock(%s)", (_SETUP_LOCK,))
-        try:
-            conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
-            PostgresSaver(conn).setup()
-        finally:
-            conn.execute("SELECT pg_advisory_unlock(%s)", (_SETUP_LOCK,))
-
-
-@contextmanager
-def postgres_checkpointer(
-    database_url: str | None = None,
-    *,
-    schema: str = CHECKPOINT_SCHEMA,
-    max_size: int = 4,
-    setup: bool = False,
-) -> Iterator[PostgresSaver]:
-    """A PostgresSaver on a psycopg 3 pool over DATABASE_URL, in the checkpointer's schema.
-
-    The tables must exist (`agent-memory migrate`, or `setup=True`). The pool is closed on exit.
-    """
-    _require_langgraph()
-    from langgraph.checkpoint.postgres import PostgresSaver
-    from psycopg import Connection
-    from psycopg.rows import DictRow, dict_row
-    from psycopg_pool import ConnectionPool
-
-    if setup:
-        setup_checkpointer(database_url, schema)
-    pool = ConnectionPool(
-        checkpointer_conninfo(database_url, schema),
-        min_size=1,
-        max_size=max_size,
-        kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
-        open=False,
-        name="agent-memory-checkpointer",
-    )
-    pool.open(wait=True, timeout=10)
-    try:
-        yield PostgresSaver(cast("ConnectionPool[Connection[DictRow]]", pool))
-    finally:
-        pool.close()
-
-
-def forget_run(checkpointer: Any, session_id: str | uuid.UUID) -> None:
-    """Delete a finished run's checkpoints (the turn itself is in conversation memory)."""
-    checkpointer.delete_thread(str(session_id))

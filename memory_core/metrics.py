@@ -82,6 +82,20 @@ FOLD_FALLBACKS = Counter(
     "Folds that used the LLM-free summary because the LLM kept failing or could not succeed",
 )
 
+THREADS_DELETED = Counter(
+    "memory_threads_deleted_total",
+    "Threads deleted (rows, turns, working copy, checkpoints), by why",
+    ["reason"],  # delete, forget, retention
+)
+RETENTION_RUNS = Counter(
+    "memory_retention_runs_total", "Retention runs (MEMORY_RETENTION_DAYS), by outcome", ["status"]
+)
+TRACE_PURGES = Counter(
+    "memory_trace_purges_total",
+    "Langfuse trace purges of deleted threads, by outcome (done, pending, failed)",
+    ["status"],
+)
+
 
 class FoldLagCollector(Collector):
     """Threads with a fold due (requested and not yet done, running late, or waiting for a

@@ -60,6 +60,7 @@ class ConversationThread(Base):
             "fold_due_at",
             postgresql_where=text("fold_due_at IS NOT NULL"),
         ),
+        Index("ix_conversation_threads_updated_at", "updated_at"),  # retention
     )
 
     id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
@@ -173,6 +174,32 @@ class ConversationThread(Base):
             return None
         turns = sorted((r for r in rows if r.seq is not None), key=lambda r: r.seq)
         return rows[0], turns
+
+
+class ThreadTombstone(Base):
+    """A deleted thread: its id and when, nothing else (no owner, no content).
+
+    A finalize for this id is rejected (`deleted`); a trigger (migration 3d9a6c1e5b27) refuses
+    to re-create the thread row even for a finalize that was blocked while it was deleted.
+    """
+
+    __tablename__ = "thread_tombstones"
+
+    thread_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
+    deleted_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class PendingTracePurge(Base):
+    """A deleted thread whose Langfuse traces may still exist (memory_core/lifecycle.py)."""
+
+    __tablename__ = "trace_purges"
+
+    thread_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
+    requested_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now()
+    )
+    attempts: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    last_error: Mapped[str | None] = mapped_column(Text)
 
 
 class MemorySettingsSeen(Base):

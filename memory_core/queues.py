@@ -28,6 +28,11 @@ FOLD_TASK = "memory.fold_thread"
 FOLD_QUEUE = "memory.fold"
 FINALIZE_TASK = "memory.finalize_turn"
 FINALIZE_QUEUE = "memory.finalize"
+# Lifecycle work (memory_core/lifecycle.py) runs off the request path, on the fold queue: the
+# workers sized for slow background jobs.
+FORGET_OWNER_TASK = "memory.forget_owner"
+RETENTION_TASK = "memory.apply_retention"
+PURGE_TRACES_TASK = "memory.purge_traces"
 EXCHANGE = "memory"
 DEAD_LETTER_EXCHANGE = "memory.dead"
 DEAD_LETTER_QUEUE = "memory.dead"

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import ValidationError
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from memory_core.artifacts import derive_artifacts
 from memory_core.context import Exchange
@@ -46,6 +46,10 @@ from memory_core.snapshot import (
 log = get_logger(__name__)
 
 TITLE_MAX = 500
+# The reason of a finalize for a deleted thread (a tombstone; memory_core/lifecycle.py).
+REASON_DELETED = "deleted"
+# Raised by the trigger that refuses to re-create a deleted thread (migration 3d9a6c1e5b27).
+THREAD_DELETED_SQLSTATE = "AM001"
 Status = Literal["saved", "duplicate", "rejected", "failed"]
 
 
@@ -177,15 +181,20 @@ def _failed(exc: Exception, tid: str, sid: str) -> SaveOutcome:
 def _write_turn(snap: TurnSnapshot, turn: Exchange, memory: RedisConversationMemory) -> SeqClaim:
     # A Core connection, not an ORM session: the hot path only binds two prebuilt statements.
     with memory.engine.begin() as session:
-        claim = ConversationThread.claim_next_seq(
-            session,
-            thread_id=snap.thread_id,
-            owner_id=snap.owner_id,
-            agent_type=snap.agent_type,
-            title=" ".join(snap.user_query.split())[:TITLE_MAX],
-            fold_threshold=memory.compression_threshold,
-            republish_grace_s=memory.settings.memory_fold_republish_grace_s,
-        )
+        try:
+            claim = ConversationThread.claim_next_seq(
+                session,
+                thread_id=snap.thread_id,
+                owner_id=snap.owner_id,
+                agent_type=snap.agent_type,
+                title=" ".join(snap.user_query.split())[:TITLE_MAX],
+                fold_threshold=memory.compression_threshold,
+                republish_grace_s=memory.settings.memory_fold_republish_grace_s,
+            )
+        except DBAPIError as exc:  # the thread was deleted (even while this claim waited)
+            if getattr(exc.orig, "pgcode", None) == THREAD_DELETED_SQLSTATE:
+                raise _Abort("rejected", REASON_DELETED) from None
+            raise
         if claim is None:
             raise _Abort("rejected", f"thread {snap.thread_id} not found")
         inserted = ThreadMessage.insert_once(

@@ -46,6 +46,9 @@ class Settings(BaseSettings):
     langfuse_base_url: str | None = None
     langfuse_prompt_timeout_s: float = Field(default=3.0, gt=0)
     langfuse_prompt_cache_ttl_s: int = Field(default=300, ge=0)
+    # Each request of a trace purge (listing a session's observations can take Langfuse tens
+    # of seconds); off the request path except for `delete_thread`'s first attempt.
+    langfuse_api_timeout_s: float = Field(default=30.0, gt=0)
 
     # Tuning of RedisConversationMemory; its constructor arguments override these.
     memory_ttl_hours: float = Field(default=24, gt=0, le=_HUNDRED_YEARS_H)
@@ -80,6 +83,15 @@ class Settings(BaseSettings):
     # broker's own limit (queues.BROKER_DELIVERY_LIMIT = 20), so the event always comes first.
     # Redis counts no deliveries: there it does not apply.
     memory_max_deliveries: int = Field(default=8, ge=2, le=19)
+
+    # Thread lifecycle (memory_core/lifecycle.py). Threads with no new turn for longer than
+    # this many days are deleted by `memory.apply_retention`; None keeps them forever.
+    memory_retention_days: float | None = Field(default=None, gt=0, le=36_500)
+    # Threads deleted per transaction by forget-owner and retention (a crash loses at most one).
+    memory_purge_batch_size: int = Field(default=100, ge=1, le=1000)
+    # Langfuse traces of a deleted thread are purged again until this long after the delete
+    # (a fold that was mid-call may still be sending its trace); then its request is done.
+    memory_trace_purge_settle_s: int = Field(default=1800, ge=0)
 
     memory_events_stream: str = "memory:events"
     memory_events_maxlen: int = Field(default=100_000, ge=100)

@@ -5,6 +5,7 @@ unchanged on Redis Cluster):
 
     <prefix>:{<thread_id>}:meta   hash  owner, through (summary cursor), summary, last
     <prefix>:{<thread_id>}:turns  zset  score = seq, member = Exchange JSON
+    <prefix>:{<thread_id>}:gone   string, only for a deleted thread (no copy may be written)
 
 The copy is contiguous: it holds every turn from its oldest entry up to `last`, with no hole.
 Writes go through one Lua script with two modes:
@@ -19,6 +20,11 @@ Writes go through one Lua script with two modes:
   after the ones it folded, so it must never create a copy: one holding the summary alone
   would claim to be complete while the newest turns sit only in Postgres (`missing`: the next
   read rebuilds the copy whole).
+
+A deleted thread's copy is removed by `forget`, which leaves the `gone` marker (TTL = the
+copy's TTL): every write above refuses it (`gone`), so a write that was in flight when the
+thread was deleted (a rebuild that read Postgres just before, a turn committed just before)
+cannot bring the copy back.
 
 Both then drop turns covered by the summary, cap the unfolded turns at `cap` (oldest first;
 they stay in Postgres and the next fold covers them) and refresh the TTL of both keys.
@@ -37,6 +43,7 @@ from memory_core.context import ConversationContext, Exchange
 
 _WRITE = """
 local meta, turns = KEYS[1], KEYS[2]
+if redis.call('EXISTS', KEYS[3]) == 1 then return 'gone' end
 local mode, owner = ARGV[1], ARGV[2]
 local through, last = tonumber(ARGV[4]), tonumber(ARGV[5])
 local ttl, cap = tonumber(ARGV[6]), tonumber(ARGV[7])
@@ -104,6 +111,18 @@ if ARGV[1] ~= '' and meta[1] == ARGV[1] then return {'same'} end
 return {'full', redis.call('HGETALL', KEYS[1]), redis.call('ZRANGE', KEYS[2], 0, -1)}
 """
 
+# Delete a thread's copy and leave the marker that refuses any later write (see above).
+# Returns 1 if there was a copy. DEL first: it works even when Redis is out of memory.
+_FORGET = """
+local had = redis.call('EXISTS', KEYS[1])
+redis.call('DEL', KEYS[1], KEYS[2])
+redis.call('SET', KEYS[3], '1', 'PX', ARGV[1])
+return had
+"""
+
+# Lift the marker (a delete whose Postgres transaction did not commit).
+_UNFORGET = "return redis.call('DEL', KEYS[1])"
+
 NOT_OWNER = "owner"
 
 
@@ -117,10 +136,30 @@ class WorkingCopy:
         self.cap = cap
         self._write = client.register_script(_WRITE)
         self._read = client.register_script(_READ)
+        self._forget = client.register_script(_FORGET)
 
     def keys(self, thread_id: UUID | str) -> tuple[str, str]:
         tag = f"{self.key_prefix}:{{{thread_id}}}"
         return f"{tag}:meta", f"{tag}:turns"
+
+    def write_keys(self, thread_id: UUID | str) -> tuple[str, str, str]:
+        """KEYS of the write script: the copy's two keys and the deleted-thread marker."""
+        return (*self.keys(thread_id), f"{self.key_prefix}:{{{thread_id}}}:gone")
+
+    def forget(self, thread_ids: Sequence[UUID]) -> int:
+        """Delete the copies of deleted threads and refuse later writes to them, in one round
+        trip (raises Redis errors). Returns how many copies there were."""
+        pipe = self.client.pipeline(transaction=False)
+        for tid in thread_ids:
+            self._forget(keys=self.write_keys(tid), args=[self.ttl_ms], client=pipe)
+        return sum(int(had) for had in pipe.execute())
+
+    def unforget(self, thread_ids: Sequence[UUID]) -> None:
+        """Lift the markers `forget` left (its delete did not commit); raises Redis errors."""
+        pipe = self.client.pipeline(transaction=False)
+        for tid in thread_ids:  # one key per command: they live in different cluster slots
+            pipe.delete(self.write_keys(tid)[2])
+        pipe.execute()
 
     def append(self, thread_id: UUID, owner_id: str, through: int, turn: Exchange) -> str:
         """Add one just-committed turn; `through` is the summary cursor Postgres returned."""
@@ -151,7 +190,7 @@ class WorkingCopy:
         return args
 
     def _run(self, thread_id: UUID, args: Sequence[str | int]) -> str:
-        result = self._write(keys=self.keys(thread_id), args=list(args))
+        result = self._write(keys=self.write_keys(thread_id), args=list(args))
         return result.decode() if isinstance(result, bytes) else str(result)
 
     def read(self, thread_id: UUID) -> tuple[dict[bytes, bytes], list[bytes]]:

@@ -34,6 +34,7 @@ from memory_core.langgraph import (
     CHECKPOINT_SCHEMA,
     CHECKPOINT_TABLES,
     MemoryState,
+    checkpoint_runs,
     checkpointer_conninfo,
     context_view,
     finalize_turn,
@@ -43,6 +44,7 @@ from memory_core.langgraph import (
     new_run,
     postgres_checkpointer,
     run_config,
+    run_config_for,
     setup_checkpointer,
 )
 from memory_core.settings import Settings, get_settings
@@ -89,6 +91,11 @@ def checkpoint_rows(session: str) -> int:
         return int(conn.execute(query, {"s": session}).scalar_one())
 
 
+def conversation_runs(thread_id: str, owner_id: str) -> int:
+    with get_engine().connect() as conn:
+        return checkpoint_runs(conn, thread_ids=[uuid.UUID(thread_id)], owner_id=owner_id)
+
+
 def test_conninfo_converts_the_sqlalchemy_url() -> None:
     info = checkpointer_conninfo(
         "postgresql+psycopg2://u:p%40ss@db.internal:6543/mem?sslmode=require"
@@ -122,12 +129,8 @@ def test_migrate_sets_up_the_checkpointer_in_its_own_schema_without_drift(scratc
     engine = create_engine(scratch_db)
     insp = inspect(engine)
     assert set(insp.get_table_names(schema=CHECKPOINT_SCHEMA)) == set(CHECKPOINT_TABLES)
-    assert set(insp.get_table_names()) == {
-        "alembic_version",
-        "conversation_threads",
-        "memory_settings_seen",
-        "thread_messages",
-    }
+    # The default schema holds Alembic's tables only: none of the checkpointer's.
+    assert set(insp.get_table_names()) == {"alembic_version", *Base.metadata.tables}
     with engine.connect() as conn:  # as migrations/env.py compares: the default schema only
         assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
     engine.dispose()
@@ -202,7 +205,7 @@ def test_finalize_enqueue_runs_on_a_worker(start_worker: Callable[..., WorkerPro
 def test_pause_here_resume_in_another_process(checkpointer: Any) -> None:
     tid, owner = str(uuid.uuid4()), f"lg-{uuid.uuid4().hex[:6]}"
     inp = new_run(tid, owner, Q1)
-    config = run_config(inp["session_id"])
+    config = run_config_for(inp)
     graph = agent_graph(checkpointer)
     graph.invoke(inp, config)
     state = graph.get_state(config)
@@ -211,6 +214,7 @@ def test_pause_here_resume_in_another_process(checkpointer: Any) -> None:
     json.dumps(state.values)  # the whole run state, memory included, is plain JSON
     assert isinstance(state.values["conversation_context"], dict)
     assert checkpoint_rows(inp["session_id"]) > 0 and turns(tid) == []  # paused, not finalized
+    assert conversation_runs(tid, owner) == 1  # its checkpoints record the conversation
     # A new process (that would refuse to revive arbitrary classes) picks the run up.
     out = example(
         "resume",
@@ -225,12 +229,13 @@ def test_pause_here_resume_in_another_process(checkpointer: Any) -> None:
     [(_, artifacts)] = turns(tid)
     assert artifacts[0] == {"kind": "sql", "sql": state.values["sql"]}
     assert checkpoint_rows(inp["session_id"]) == 0  # a finished run's checkpoints are deleted
+    assert conversation_runs(tid, owner) == 0
 
 
 def test_rejected_sql_is_neither_run_nor_remembered(checkpointer: Any) -> None:
     tid, owner = str(uuid.uuid4()), f"lg-{uuid.uuid4().hex[:6]}"
     inp = new_run(tid, owner, Q1)
-    config = run_config(inp["session_id"])
+    config = run_config_for(inp)
     graph = agent_graph(checkpointer)
     graph.invoke(inp, config)
     final = graph.invoke(Command(resume={"approved": False, "by": "test"}), config)
@@ -253,7 +258,7 @@ def test_the_llm_writes_sql_from_the_sql_view(
         )
         graph = agent_graph(checkpointer, s)
         inp = new_run(tid, owner, "now break that down by region")
-        graph.invoke(inp, run_config(inp["session_id"]))
+        graph.invoke(inp, run_config_for(inp))
         prompt = llm.prompt_text()
     assert first["sql"][0] in prompt  # the LLM saw the previous SQL verbatim (the sql view)
     assert graph.get_state(run_config(inp["session_id"])).values["sql"] == llm_sql

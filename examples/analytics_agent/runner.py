@@ -4,7 +4,8 @@
     python -m examples.analytics_agent resume --session S [--reject]
 
 Exit status: 0 the run finished (its turn is finalized), 3 it is paused waiting for approval.
-The checkpointer's thread is the run (`session_id`); the conversation thread is memory's.
+The checkpointer's thread is the run (`session_id`); the conversation thread is memory's, and
+every checkpoint records it (`run_config_for`), so deleting the conversation deletes its runs.
 """
 
 from __future__ import annotations
@@ -23,7 +24,13 @@ from examples.analytics_agent.dataset import ensure_dataset
 from examples.analytics_agent.graph import AnalyticsAgent
 from memory_core import RedisConversationMemory
 from memory_core.db import get_engine
-from memory_core.langgraph import forget_run, new_run, postgres_checkpointer, run_config
+from memory_core.langgraph import (
+    forget_run,
+    new_run,
+    postgres_checkpointer,
+    run_config,
+    run_config_for,
+)
 from memory_core.settings import get_settings
 
 PAUSED = 3
@@ -98,7 +105,7 @@ def start(thread_id: str, owner_id: str, session_id: str, query: str, label: str
     ensure_dataset(get_engine(get_settings().database_url))
     print(f"user> {query}")
     inp = new_run(thread_id, owner_id, query, session_id=session_id)
-    config = run_config(inp["session_id"])
+    config = run_config_for(inp)  # its checkpoints record the conversation thread and owner
     with open_graph() as (graph, checkpointer):
         stream(graph, inp, config)
         return _finish(graph, checkpointer, config, inp["session_id"])
@@ -107,12 +114,13 @@ def start(thread_id: str, owner_id: str, session_id: str, query: str, label: str
 def resume(session_id: str, approved: bool, by: str, label: str) -> int:
     quiet_logs()
     banner(f"{label} · resume")
-    config = run_config(session_id)
     with open_graph() as (graph, checkpointer):
-        state = graph.get_state(config)
+        state = graph.get_state(run_config(session_id))
         if not state.next:
             print(f"error: no paused run for session {session_id}", file=sys.stderr)
             return 1
+        # The resumed steps' checkpoints record the conversation too (from the saved state).
+        config = run_config_for({**state.values, "session_id": session_id})
         print(
             f"  (loaded the checkpoint of session {session_id[:8]} from Postgres: "
             f"paused at {', '.join(state.next)}; user asked: {state.values['user_query']!r})"

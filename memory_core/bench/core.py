@@ -157,10 +157,10 @@ class _Bench:
             response_payload=json.dumps(snap["response_payload"]),
             completed_at=turn.completed_at,
         )
-        return seq, upsert, insert, copy.keys(tid), args
+        return seq, upsert, insert, copy.write_keys(tid), args
 
     def _raw_save(self, job: tuple[Any, ...]) -> None:
-        seq, upsert, insert, (meta, turns), args = job
+        seq, upsert, insert, (meta, turns, gone), args = job
         cur = self.cur
         cur.execute(self.upsert_sql, upsert)  # psycopg2 sends BEGIN first, as under SQLAlchemy
         if cur.fetchone()[0] != seq:
@@ -168,7 +168,7 @@ class _Bench:
         cur.execute(self.insert_sql, insert)
         cur.fetchone()
         self.pg.commit()
-        self.plain.evalsha(self.sha, 2, meta, turns, *args)
+        self.plain.evalsha(self.sha, 3, meta, turns, gone, *args)
 
     def save(self) -> Pair:
         core_t = [self._new_thread() for _ in range(THREADS)]

@@ -34,6 +34,10 @@ MEMORY_SUMMARIZATION_FAILED = "memory_summarization_failed"
 MEMORY_SUMMARIZED = "memory_summarized"
 MEMORY_FINALIZE_REJECTED = "memory_finalize_rejected"
 MEMORY_JOB_DEAD_LETTERED = "memory_job_dead_lettered"
+# Lifecycle (memory_core/lifecycle.py): ids and counts only, never an owner id.
+MEMORY_THREAD_DELETED = "memory_thread_deleted"
+MEMORY_OWNER_FORGOTTEN = "memory_owner_forgotten"
+MEMORY_RETENTION_RUN = "memory_retention_run"
 # Emitted on every successful fold: kept apart so it never trims failures away.
 ROUTINE_EVENTS = frozenset({MEMORY_SUMMARIZED})
 
