@@ -1,8 +1,10 @@
-"""`agent-memory`: migrate, run workers and Flower, inspect threads, context and events, bench.
+"""`agent-memory`: migrate, run workers and Flower, inspect threads, context and events, bench,
+and the thread lifecycle (archive, delete, forget an owner, retention).
 
 One module per group of commands: service.py (migrate, worker, flower), inspect.py (context,
-threads, events), bench.py, demo.py (the README's scripted conversation); errors.py turns
-infrastructure errors into one line.
+threads, events), lifecycle.py (threads list/archive/unarchive/delete, forget, retention),
+bench.py, demo.py (the README's scripted conversation); errors.py turns infrastructure errors
+into one line.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import sys
 import typer
 
 from memory_core.cli.bench import bench_app
-from memory_core.cli.inspect import context, events_app, threads
+from memory_core.cli.inspect import context, events_app
+from memory_core.cli.lifecycle import forget, retention_app, threads_app
 from memory_core.cli.service import flower, migrate, worker
 from memory_core.settings import get_settings
 
@@ -23,8 +26,10 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-for command in (migrate, worker, flower, context, threads):
+for command in (migrate, worker, flower, context, forget):
     app.command()(command)
+app.add_typer(threads_app, name="threads")
+app.add_typer(retention_app, name="retention")
 app.add_typer(events_app, name="events")
 app.add_typer(bench_app, name="bench")
 

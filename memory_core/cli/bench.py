@@ -98,6 +98,19 @@ def bench_workers_cmd(
         fail(str(exc))
 
 
+@bench_app.command("forget")
+@one_line_errors
+def bench_forget_cmd(
+    threads: int = 1000,
+    turns: int = 30,
+    batch_size: Annotated[int | None, typer.Option(help="Default MEMORY_PURGE_BATCH_SIZE.")] = None,
+) -> None:
+    """forget_owner over THREADS x TURNS vs the same deletes by hand; what remained after."""
+    from memory_core.bench.forget import bench_forget
+
+    bench_forget(settings=get_settings(), threads=threads, turns=turns, batch_size=batch_size)
+
+
 @bench_app.command("broker")
 @one_line_errors
 def bench_broker_cmd(

@@ -28,10 +28,11 @@ def one_line_errors(fn: F) -> F:
         from sqlalchemy.exc import OperationalError
 
         from memory_core.conversation_memory import ThreadNotFound
+        from memory_core.purge import DeleteFailed
 
         try:
             return fn(*args, **kwargs)
-        except ThreadNotFound as exc:
+        except (ThreadNotFound, DeleteFailed) as exc:
             fail(str(exc))
         except OperationalError as exc:
             fail(

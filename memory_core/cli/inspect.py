@@ -1,4 +1,5 @@
-"""The commands that read memory: `context`, `threads`, `events tail`."""
+"""The commands that read memory: `context`, `threads` (the listing of `threads` / `threads
+list`, memory_core/cli/lifecycle.py), `events tail`."""
 
 from __future__ import annotations
 
@@ -42,17 +43,16 @@ def threads(
     archived: Annotated[bool, typer.Option(help="Include archived threads.")] = False,
 ) -> None:
     """List a user's threads, most recently active first (the history UI's list)."""
-    from memory_core.db import session_scope
-    from memory_core.models import ConversationThread
+    from memory_core.cli.lifecycle import check_owner
+    from memory_core.lifecycle import list_threads
 
-    with session_scope() as session:
-        rows = ConversationThread.history(session, owner, limit=limit, include_archived=archived)
-        for t in rows:
-            flag = " [archived]" if t.is_archived else ""
-            typer.echo(
-                f"{t.id}  {t.updated_at:%Y-%m-%d %H:%M}  {t.agent_type:<7}  "
-                f"{t.last_seq:>4} turns  {t.title[:60]}{flag}"
-            )
+    rows = list_threads(check_owner(owner), include_archived=archived, limit=limit)
+    for t in rows:
+        flag = " [archived]" if t.is_archived else ""
+        typer.echo(
+            f"{t.id}  {t.updated_at:%Y-%m-%d %H:%M}  {t.agent_type:<7}  "
+            f"{t.turns:>4} turns  {t.title[:60]}{flag}"
+        )
     if not rows:
         typer.echo(f"no threads for {owner}", err=True)
 
