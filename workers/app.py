@@ -38,6 +38,9 @@ from memory_core.queues import (
     FINALIZE_TASK,
     FOLD_QUEUE,
     FOLD_TASK,
+    FORGET_OWNER_TASK,
+    PURGE_TRACES_TASK,
+    RETENTION_TASK,
     dead_letter_queue,
     is_amqp,
     task_queues,
@@ -141,11 +144,15 @@ def transport_options(broker_url: str) -> dict[str, Any]:
     }
 
 
+LIFECYCLE_TASKS = (FORGET_OWNER_TASK, RETENTION_TASK, PURGE_TRACES_TASK)
+
+
 def make_app() -> Celery:
     s = get_settings()
     transport = transport_options(s.celery_broker_url)
     # Benchmark tasks are not here: only the benchmark's worker loads them (`-I`).
-    app = Celery("agent_memory", broker=s.celery_broker_url, include=[f"{__package__}.tasks"])
+    include = [f"{__package__}.tasks", f"{__package__}.lifecycle_tasks"]
+    app = Celery("agent_memory", broker=s.celery_broker_url, include=include)
     app.conf.update(
         task_serializer="json",
         result_serializer="json",
@@ -157,7 +164,16 @@ def make_app() -> Celery:
         worker_prefetch_multiplier=1,
         task_queues=task_queues(s.celery_broker_url),
         task_default_queue=FINALIZE_QUEUE,
-        task_routes={FINALIZE_TASK: {"queue": FINALIZE_QUEUE}, FOLD_TASK: {"queue": FOLD_QUEUE}},
+        task_routes={
+            FINALIZE_TASK: {"queue": FINALIZE_QUEUE},
+            **{t: {"queue": FOLD_QUEUE} for t in (FOLD_TASK, *LIFECYCLE_TASKS)},
+        },
+        # `celery -A workers.app beat` (one per deployment): retention hourly (a no-op unless
+        # MEMORY_RETENTION_DAYS is set), Langfuse trace purges of deleted threads every 5 min.
+        beat_schedule={
+            "memory-retention": {"task": RETENTION_TASK, "schedule": 3600.0},
+            "memory-trace-purges": {"task": PURGE_TRACES_TASK, "schedule": 300.0},
+        },
         broker_transport_options=transport,
         result_backend_transport_options=dict(transport),
         broker_connection_retry_on_startup=True,

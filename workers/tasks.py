@@ -23,7 +23,11 @@ from memory_core.fold_publisher import FINALIZE_TASK, FOLD_TASK, publish_fold
 from memory_core.folding import POSTGRES_DOWN, Folder, backoff_delay
 from memory_core.logs import describe_error, get_logger
 from memory_core.metrics import JOBS_DEAD_LETTERED, TASK_UNEXPECTED
-from memory_core.session_handler import SaveOutcome, save_session_to_thread_safe
+from memory_core.session_handler import (
+    REASON_DELETED,
+    SaveOutcome,
+    save_session_to_thread_safe,
+)
 from memory_core.settings import get_settings
 from memory_core.summarizer import ConversationSummarizer
 
@@ -77,7 +81,8 @@ class MemoryTask(Task):
         it. Rejected without requeue, the quorum queue dead-letters it to `memory.dead`."""
         job = args[0] if args else None
         snapshot = job if isinstance(job, dict) else {}
-        thread_id = _uuid_text(snapshot.get("thread_id") if snapshot else job)
+        fold_job = job if self.name == FOLD_TASK else None  # other jobs carry no thread id
+        thread_id = _uuid_text(snapshot.get("thread_id") if snapshot else fold_job)
         reason = f"delivered {deliveries} times, the last {deliveries - 1} after a lost delivery"
         log.error("memory.job_dead_lettered", deliveries=deliveries)
         JOBS_DEAD_LETTERED.labels(self.name).inc()
@@ -176,12 +181,15 @@ def finalize_turn(self: MemoryTask, snapshot: Any) -> dict[str, Any]:
 
 
 def _reject_finalize(task: MemoryTask, snapshot: dict[str, Any], reason: str) -> NoReturn:
-    """Bad input is final: emit `memory_finalize_rejected`, ack without retry."""
+    """Bad input is final: emit `memory_finalize_rejected`, ack without retry. A turn of a
+    deleted thread is rejected too, but its event names no thread: after
+    `memory_thread_deleted` nothing is said about that thread."""
+    deleted = reason == REASON_DELETED
     emit_event(
         task.memory.redis,
         MEMORY_FINALIZE_REJECTED,
-        thread_id=_uuid_text(snapshot.get("thread_id")),
-        session_id=_uuid_text(snapshot.get("session_id")),
+        thread_id="" if deleted else _uuid_text(snapshot.get("thread_id")),
+        session_id="" if deleted else _uuid_text(snapshot.get("session_id")),
         error=reason,
     )
     raise Reject(reason, requeue=False)
