@@ -36,7 +36,7 @@ from memory_core.conversation_memory import (
     describe_cache_error,
 )
 from memory_core.db import describe_db_error, retry_on_disconnect
-from memory_core.events import MEMORY_THREAD_DELETED, emit_event
+from memory_core.events import MEMORY_THREAD_DELETED, emit_thread_events
 from memory_core.logs import describe_error, get_logger
 from memory_core.metrics import THREADS_DELETED
 from memory_core.models import ConversationThread, PendingTracePurge, ThreadMessage, ThreadTombstone
@@ -100,8 +100,7 @@ def purge_batch(
     if not ids:
         return report, ids
     THREADS_DELETED.labels(reason).inc(len(ids))
-    for tid in ids:
-        emit_event(memory.redis, MEMORY_THREAD_DELETED, thread_id=str(tid), reason=reason)
+    emit_thread_events(memory.redis, MEMORY_THREAD_DELETED, [str(t) for t in ids], reason=reason)
     if purge_traces is not None and memory.settings.langfuse_configured:
         report.traces, report.traces_pending = purge_traces(ids)
     log.info("memory.threads_deleted", reason=reason, **report.as_dict())

@@ -14,6 +14,7 @@ from memory_core.events.stream import (
     ROUTINE_EVENTS,
     Event,
     emit_event,
+    emit_thread_events,
     format_event,
     routine_stream,
 )
@@ -33,6 +34,7 @@ __all__ = [
     "Event",
     "EventConsumer",
     "emit_event",
+    "emit_thread_events",
     "format_event",
     "routine_stream",
     "tail_events",

@@ -95,22 +95,8 @@ def emit_event(
     a refused connection 10 times, about 4 s); give failure-path clients a bounded policy.
     """
     try:
-        settings = get_settings()
-        fields = {
-            "event": _clean(event),
-            "thread_id": _clean(thread_id),
-            "session_id": _clean(session_id),
-            "attempt": str(int(attempt)),
-            "error": _truncate_error(_clean(error)),
-            "retry_in_s": "" if retry_in_s is None else str(retry_in_s),
-            "at": _now_iso(),
-        }  # extra fields never override these
-        fields.update({_clean(k): _clean(v) for k, v in extra.items() if k not in fields})
-        if stream is None:
-            stream = settings.memory_events_stream
-            if event in ROUTINE_EVENTS:
-                stream = routine_stream(stream)
-        maxlen = settings.memory_events_maxlen if maxlen is None else maxlen
+        fields = _fields(event, thread_id, session_id, attempt, error, retry_in_s, extra)
+        stream, maxlen = _where(event, stream, maxlen)
         return _text(redis.xadd(stream, cast(Any, fields), maxlen=maxlen, approximate=True))
     except Exception as exc:
         _log.warning(
@@ -119,6 +105,52 @@ def emit_event(
             error=type(exc).__name__,
         )
         return None
+
+
+def emit_thread_events(redis: Redis, event: str, thread_ids: list[str], **extra: str) -> int:
+    """One `event` per thread id in one round trip (a deletion of many threads); returns how
+    many were added. Never raises, like `emit_event`."""
+    try:
+        stream, maxlen = _where(event, None, None)
+        pipe = redis.pipeline(transaction=False)
+        for tid in thread_ids:
+            fields = _fields(event, tid, "", 0, "", None, extra)
+            pipe.xadd(stream, cast(Any, fields), maxlen=maxlen, approximate=True)
+        return len(pipe.execute())
+    except Exception as exc:
+        _log.warning("memory.event_emit_failed", event_name=event, error=type(exc).__name__)
+        return 0
+
+
+def _fields(  # noqa: PLR0917 - emit_event's fields, in the stream's order
+    event: str,
+    thread_id: str,
+    session_id: str,
+    attempt: int,
+    error: str,
+    retry_in_s: float | None,
+    extra: dict[str, str],
+) -> dict[str, str]:
+    fields = {
+        "event": _clean(event),
+        "thread_id": _clean(thread_id),
+        "session_id": _clean(session_id),
+        "attempt": str(int(attempt)),
+        "error": _truncate_error(_clean(error)),
+        "retry_in_s": "" if retry_in_s is None else str(retry_in_s),
+        "at": _now_iso(),
+    }  # extra fields never override these
+    fields.update({_clean(k): _clean(v) for k, v in extra.items() if k not in fields})
+    return fields
+
+
+def _where(event: str, stream: str | None, maxlen: int | None) -> tuple[str, int]:
+    settings = get_settings()
+    if stream is None:
+        stream = settings.memory_events_stream
+        if event in ROUTINE_EVENTS:
+            stream = routine_stream(stream)
+    return stream, settings.memory_events_maxlen if maxlen is None else maxlen
 
 
 def _parse_at(value: str, entry_id: str) -> datetime:
