@@ -11,8 +11,11 @@ No Docker engine or cluster is needed, nor the network:
 * The broker is RabbitMQ in both: compose's and the Secret's CELERY_BROKER_URL must reach the
   rabbitmq service / the RabbitmqCluster's Service with its user and vhost, and Flower's
   broker API URL is checked with Flower's own RabbitMQ client (its HTTP call intercepted).
-* Commands are parsed by the real `agent-memory` CLI (click), and every environment
-  variable name must be a field of memory_core.settings.Settings (or a listed exception).
+* Commands are parsed by the real `agent-memory` CLI (click), Celery beat's by Celery's own
+  CLI, and every environment variable name must be a field of memory_core.settings.Settings
+  (or a listed exception).
+* Celery beat: exactly one (it sends the whole schedule), on the installed app name, with its
+  schedule file on a writable path, configured as the workers are.
 """
 
 from __future__ import annotations
@@ -21,14 +24,17 @@ import asyncio
 import os
 import re
 import shlex
+import socket
 import subprocess
 import sys
 from importlib import resources
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from types import SimpleNamespace
 from typing import Any
 from unittest import mock
 from urllib.parse import SplitResult, unquote, urlsplit
 
+import click
 import kubernetes_validate
 import pytest
 import typer.core
@@ -39,6 +45,8 @@ from kubernetes_validate.utils import all_versions
 from tornado import httpclient
 
 from memory_core import cli
+from memory_core.fold_publisher import WORKER_APP
+from memory_core.queues import FOLD_QUEUE, FORGET_OWNER_TASK, PURGE_TRACES_TASK, RETENTION_TASK
 from memory_core.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -62,10 +70,16 @@ SETTINGS_ENV = {name.upper() for name in Settings.model_fields}
 # Environment variables that are deliberately not app settings, and who reads them.
 NOT_SETTINGS = {
     "REMAP_SIGTERM": "billiard: SIGTERM starts Celery's soft shutdown instead of a warm one",
-    "POD_NAME": "Kubernetes downward API: the worker's Celery node name",
+    "POD_NAME": "Kubernetes downward API: the worker's (and beat's) Celery node name",
     "FLOWER_BROKER_API": "Flower's --broker_api (RabbitMQ management API), which Flower reads "
     "from the environment; `agent-memory flower` has no flag for it",
 }
+# Environment the workers have and beat deliberately does not: beat has no soft shutdown.
+WORKER_ONLY_ENV = {"REMAP_SIGTERM"}
+# The tasks beat sends, and the queue they ride (served by the fold workers).
+BEAT_TASKS = {RETENTION_TASK, PURGE_TRACES_TASK}
+LIFECYCLE_QUEUE = FOLD_QUEUE
+CONTAINER_TMP = PurePosixPath("/tmp")  # noqa: S108 - inside the container, writable for its user
 # Credentials (or URLs that carry them): the Secret, never the ConfigMap.
 SECRET_NAMES = {
     "DATABASE_URL",
@@ -116,6 +130,29 @@ def cli_params(argv: list[str]) -> dict[str, Any]:
     assert name in commands, f"agent-memory has no command {name!r}"
     with commands[name].make_context(name, list(rest)) as ctx:
         return dict(ctx.params)
+
+
+def celery_params(argv: list[str]) -> tuple[dict[str, Any], str, dict[str, Any]]:
+    """Parse `celery ARGV` with Celery's own CLI (click), without invoking it: (the global
+    options, the subcommand, its options). Option and subcommand typos fail here."""
+    from celery.bin.celery import celery as group
+
+    from workers.app import app as worker_app  # beat's option defaults read the app's conf
+
+    ctx = click.Context(group, info_name="celery", obj=SimpleNamespace(app=worker_app))
+    rest = click.Command.parse_args(group, ctx, list(argv))  # up to the subcommand
+    name, sub, sub_args = group.resolve_command(ctx, rest)
+    assert name is not None and sub is not None, f"no celery subcommand in {argv}"
+    with sub.make_context(name, sub_args, parent=ctx) as sub_ctx:
+        return dict(ctx.params), name, dict(sub_ctx.params)
+
+
+def assert_installed_app(app_ref: str) -> None:
+    """`-A` names the app as installed (`memory_core.workers.app[:app]`), not the checkout's
+    `workers.app`, which does not exist in the image."""
+    module, _, attr = app_ref.partition(":")
+    assert module == WORKER_APP, app_ref
+    assert attr in {"", "app"}, app_ref
 
 
 def check_env_names(names: set[str], where: str) -> None:
@@ -263,6 +300,74 @@ def test_compose_worker_queues_cover_both_queues(compose: dict[str, Any]) -> Non
     assert served == set(WORKER_QUEUES.values())
 
 
+def compose_beats(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The app services that run Celery beat."""
+    return {
+        name: svc
+        for name, svc in app_services(compose).items()
+        if svc.get("entrypoint") == ["celery"] and "beat" in svc["command"]
+    }
+
+
+def test_compose_beat(compose: dict[str, Any]) -> None:
+    # Exactly one beat: each sends the whole schedule, two would send every task twice.
+    (svc,) = compose_beats(compose).values()
+    assert svc.get("deploy", {}).get("replicas", 1) == 1
+    assert "container_name" not in svc and "ports" not in svc
+    assert svc["restart"] in {"unless-stopped", "always", "on-failure"}
+    group, command, params = celery_params(svc["command"])
+    assert command == "beat"
+    assert_installed_app(group["app"])
+    assert params["detach"] is False and params["pidfile"] is None  # foreground, no pid file
+    # The schedule file in /tmp: writable for the image's non-root user, whatever its workdir.
+    assert PurePosixPath(params["schedule"]).parent == CONTAINER_TMP
+    assert not svc.get("read_only") and not svc.get("tmpfs")
+
+    # The workers' settings, all of them, and nothing else but their worker-only remap.
+    assert svc["environment"] == compose["x-app-env"]
+    for short in WORKER_QUEUES:
+        worker_env = compose["services"][f"worker-{short}"]["environment"]
+        assert set(worker_env) - set(svc["environment"]) == WORKER_ONLY_ENV
+        assert {k: v for k, v in worker_env.items() if k not in WORKER_ONLY_ENV} == svc[
+            "environment"
+        ]
+    # Retention: passed through, so unset (keep forever) unless the shell sets it.
+    assert "MEMORY_RETENTION_DAYS" in svc["environment"]
+    assert svc["environment"]["MEMORY_RETENTION_DAYS"] is None
+    # Beat needs the broker only.
+    assert svc["depends_on"] == {"rabbitmq": {"condition": "service_healthy"}}
+
+    # Health: a remote-control ping to beat's default node name celerybeat@<hostname>.
+    assert params["remote_control"] is True and params["hostname"] is None
+    from celery.beat import beat_nodename
+
+    assert beat_nodename(None) == f"celerybeat@{socket.gethostname()}"
+    test = svc["healthcheck"]["test"]
+    assert test[0] == "CMD-SHELL"
+    words = shlex.split(" ".join(test[1:]))
+    assert words[:5] == ["celery", "-A", WORKER_APP, "inspect", "ping"]
+    assert after(words, "-d") == "celerybeat@$$HOSTNAME"  # $$: compose escape, the shell expands it
+    assert seconds(svc["healthcheck"]["timeout"]) > float(after(words, "--timeout"))
+
+
+def test_compose_lifecycle_tasks_ride_a_served_queue(compose: dict[str, Any]) -> None:
+    """What beat sends (and memory.forget_owner) is routed to memory.fold, which a worker
+    service consumes."""
+    from workers.app import app as worker_app
+
+    scheduled = {entry["task"] for entry in worker_app.conf.beat_schedule.values()}
+    assert scheduled == BEAT_TASKS
+    for task in (*scheduled, FORGET_OWNER_TASK):
+        assert worker_app.amqp.router.route({}, task)["queue"].name == LIFECYCLE_QUEUE, task
+    served = {
+        q
+        for svc in app_services(compose).values()
+        if svc["command"][0] == "worker"
+        for q in cli_params(svc["command"])["queues"].split(",")
+    }
+    assert LIFECYCLE_QUEUE in served
+
+
 def test_compose_rabbitmq(compose: dict[str, Any]) -> None:
     rabbit = compose["services"]["rabbitmq"]
     assert rabbitmq_image_version(rabbit["image"]) >= MIN_RABBITMQ
@@ -304,7 +409,7 @@ def test_compose_broker_is_rabbitmq(compose: dict[str, Any]) -> None:
     for name, svc in app_services(compose).items():
         assert svc["environment"]["CELERY_BROKER_URL"] == anchor["CELERY_BROKER_URL"], name
         assert not REDIS_BROKER_ONLY & set(svc["environment"]), name
-        if svc["command"][0] in {"worker", "flower"}:
+        if name != "migrate":  # the workers, beat and Flower
             assert svc["depends_on"]["rabbitmq"] == {"condition": "service_healthy"}, name
 
 
@@ -356,7 +461,7 @@ def test_compose_flower(compose: dict[str, Any]) -> None:
 
 def test_compose_env_names_are_settings(compose: dict[str, Any]) -> None:
     services = app_services(compose)
-    assert set(services) == {"migrate", "worker-finalize", "worker-fold", "flower"}
+    assert set(services) == {"migrate", "worker-finalize", "worker-fold", "beat", "flower"}
     for name, svc in services.items():
         env = svc["environment"]
         check_env_names(set(env), f"docker-compose.yml service {name}")
@@ -572,6 +677,109 @@ def test_worker_deployment(short: str) -> None:
     assert "memory" in res["limits"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert c["securityContext"]["allowPrivilegeEscalation"] is False
+
+
+def k8s_beats() -> dict[str, dict[str, Any]]:
+    """The Deployments that run Celery beat."""
+    return {
+        name: d
+        for name, d in by_kind("Deployment").items()
+        if container(d).get("command") == ["celery"] and "beat" in container(d).get("args", [])
+    }
+
+
+def test_beat_deployment() -> None:
+    # Exactly one beat, and never two at once: a rolling update would overlap old and new.
+    (dep,) = k8s_beats().values()
+    name = dep["metadata"]["name"]
+    assert dep["spec"]["replicas"] == 1
+    assert dep["spec"]["strategy"] == {"type": "Recreate"}
+    scalers = [*by_kind("ScaledObject").values(), *by_kind("HorizontalPodAutoscaler").values()]
+    assert name not in {s["spec"]["scaleTargetRef"]["name"] for s in scalers}
+
+    pod = dep["spec"]["template"]["spec"]
+    c = container(dep)
+    cmd = argv(c)
+    assert cmd[0] == "celery"
+    group, command, params = celery_params(cmd[1:])
+    assert command == "beat"
+    assert_installed_app(group["app"])
+    assert params["detach"] is False and params["pidfile"] is None
+
+    # The schedule file on a writable emptyDir: the root filesystem is read-only.
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    schedule = PurePosixPath(params["schedule"])
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    (mount,) = [
+        m for m in c["volumeMounts"] if schedule.is_relative_to(PurePosixPath(m["mountPath"]))
+    ]
+    assert not mount.get("readOnly") and "emptyDir" in volumes[mount["name"]]
+
+    # Configured as the workers are: same ConfigMap and Secret, same env but their remap.
+    deployments = by_kind("Deployment")
+    for short in WORKER_QUEUES:
+        worker = container(deployments[f"agent-memory-worker-{short}"])
+        assert c["envFrom"] == worker["envFrom"]
+        worker_env = {e["name"]: e for e in worker["env"]}
+        assert set(worker_env) - {e["name"] for e in c["env"]} == WORKER_ONLY_ENV
+        assert {e["name"]: e for e in c["env"]} == {
+            k: v for k, v in worker_env.items() if k not in WORKER_ONLY_ENV
+        }
+
+    # Liveness without a port: a remote-control ping through the broker to exactly this
+    # pod's beat node (celerybeat@<pod name>), the variable expanded by sh.
+    assert "ports" not in c and "readinessProbe" not in c
+    probe = c["livenessProbe"]
+    assert set(probe) & {"httpGet", "tcpSocket", "grpc"} == set()
+    assert params["remote_control"] is True
+    m = re.fullmatch(r"celerybeat@\$\((\w+)\)", params["hostname"])
+    assert m, params["hostname"]
+    var = m.group(1)
+    env = {e["name"]: e for e in c["env"]}
+    assert env[var]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    words = shlex.split(probe["exec"]["command"][2])
+    assert probe["exec"]["command"][:2] == ["sh", "-c"]
+    assert words[words.index("celery") + 1 : words.index("celery") + 5] == [
+        "-A",
+        WORKER_APP,
+        "inspect",
+        "ping",
+    ]
+    assert after(words, "-d") == f"celerybeat@${{{var}}}"
+    assert probe["timeoutSeconds"] > float(after(words, "--timeout"))
+
+    # Resources and the same hardening as the workers.
+    res = c["resources"]
+    assert {"cpu", "memory"} <= set(res["requests"])
+    assert "memory" in res["limits"]
+    fold = deployments["agent-memory-worker-fold"]
+    assert pod["securityContext"] == fold["spec"]["template"]["spec"]["securityContext"]
+    assert c["securityContext"] == container(fold)["securityContext"]
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["terminationGracePeriodSeconds"] >= 10
+
+
+def test_k8s_lifecycle_queue_is_served() -> None:
+    """The lifecycle tasks ride memory.fold: a worker Deployment consumes it."""
+    served = {
+        q
+        for name, d in by_kind("Deployment").items()
+        if name.startswith("agent-memory-worker-")
+        for q in cli_params(argv(container(d))[1:])["queues"].split(",")
+    }
+    assert LIFECYCLE_QUEUE in served
+
+
+def test_retention_is_documented_and_off_by_default() -> None:
+    """MEMORY_RETENTION_DAYS: unset in the ConfigMap (keep forever), its example commented
+    out there, and that example is a valid setting."""
+    configmap, secret = config_and_secret()
+    assert "MEMORY_RETENTION_DAYS" not in configmap and "MEMORY_RETENTION_DAYS" not in secret
+    text = (DEPLOY / "configmap.yaml").read_text()
+    (line,) = [ln for ln in text.splitlines() if ln.strip().startswith("# MEMORY_RETENTION_DAYS:")]
+    example = yaml.safe_load(line.strip()[1:])
+    assert settings_from(example).memory_retention_days == float(example["MEMORY_RETENTION_DAYS"])
+    assert Settings.model_fields["memory_retention_days"].default is None
 
 
 def test_migrate_job() -> None:

@@ -27,6 +27,7 @@ import sys
 from typing import Any
 
 from celery import Celery, bootsteps
+from celery.schedules import crontab
 from celery.signals import setup_logging, worker_init, worker_process_shutdown
 from celery.worker.consumer import Consumer
 from prometheus_client import multiprocess
@@ -170,10 +171,22 @@ def make_app() -> Celery:
         },
         # `celery -A workers.app beat` (one per deployment): retention hourly (a no-op unless
         # MEMORY_RETENTION_DAYS is set), Langfuse trace purges of deleted threads every 5 min.
+        # Retention at a fixed minute: beat's schedule file is lost when its pod is replaced,
+        # and an interval would restart its hour each time. A run not taken before the next
+        # one is sent expires (no pile-up while the fold workers are down or backed up).
         beat_schedule={
-            "memory-retention": {"task": RETENTION_TASK, "schedule": 3600.0},
-            "memory-trace-purges": {"task": PURGE_TRACES_TASK, "schedule": 300.0},
+            "memory-retention": {
+                "task": RETENTION_TASK,
+                "schedule": crontab(minute=17),
+                "options": {"expires": 3600},
+            },
+            "memory-trace-purges": {
+                "task": PURGE_TRACES_TASK,
+                "schedule": 300.0,
+                "options": {"expires": 300},
+            },
         },
+        result_expires=None,  # no results are kept: no daily celery.backend_cleanup either
         broker_transport_options=transport,
         result_backend_transport_options=dict(transport),
         broker_connection_retry_on_startup=True,

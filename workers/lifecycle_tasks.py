@@ -47,7 +47,7 @@ def _retry(task: MemoryTask, exc: Exception) -> NoReturn:
 )
 def forget_owner_task(self: MemoryTask, owner_id: Any) -> dict[str, Any]:
     if not isinstance(owner_id, str) or not owner_id or "\x00" in owner_id:
-        log.warning("memory.job_rejected", task=self.name, reason="owner_id is not a string")
+        log.warning("memory.job_rejected", task=self.name, reason="owner_id is not text")
         raise Reject("owner_id is not a non-empty string", requeue=False)
     try:
         report = forget_owner(owner_id, memory=self.memory)
