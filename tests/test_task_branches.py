@@ -30,6 +30,7 @@ from tests.support.jobs import (
     DEAD_POSTGRES,
     a_job,
     configure,
+    discarded,
     private_events,
     rejected,
     retried,
@@ -62,8 +63,7 @@ def events(monkeypatch: pytest.MonkeyPatch, redis_client: redis.Redis) -> Iterat
 def test_a_job_with_the_wrong_arguments_is_rejected_without_touching_anything(
     task: Task, args: tuple[Any, ...], events: str, redis_client: redis.Redis
 ) -> None:
-    reject = rejected(task, *args)
-    assert (reject.reason, reject.requeue) == ("wrong arguments", False)
+    assert discarded(task, *args).reason == "wrong arguments"  # acked: not dead-lettered
     assert tasks.MemoryTask._memory is None  # not even a memory was built
     assert drain_events(redis_client, events) == []
 
@@ -92,8 +92,7 @@ def test_a_job_delivered_more_than_max_deliveries_is_dead_lettered_with_an_event
 def test_a_job_that_is_not_a_snapshot_is_rejected_with_an_event(
     snapshot: Any, events: str, redis_client: redis.Redis
 ) -> None:
-    reject = rejected(tasks.finalize_turn, snapshot)
-    assert reject.requeue is False
+    reject = discarded(tasks.finalize_turn, snapshot)
     [event] = drain_events(redis_client, events)
     assert (event.event, event.thread_id, event.session_id) == ("memory_finalize_rejected", "", "")
     expected = f"invalid turn snapshot: expected a JSON object, got {type(snapshot).__name__}"
@@ -109,8 +108,7 @@ def test_an_invalid_snapshot_is_rejected_with_an_event_and_no_row(
 ) -> None:
     tid = uuid.uuid4()
     snap = {**make_snapshot(tid, 1), field: value}
-    reject = rejected(tasks.finalize_turn, snap)
-    assert reject.requeue is False
+    discarded(tasks.finalize_turn, snap)
     [event] = drain_events(redis_client, events)
     assert event.event == "memory_finalize_rejected"
     assert event.error.startswith(f"invalid turn snapshot: {field}: ")
@@ -123,8 +121,8 @@ def test_a_turn_for_another_owners_thread_is_rejected_and_the_thread_untouched(
 ) -> None:
     tid = uuid.uuid4()
     assert run_job(tasks.finalize_turn, make_snapshot(tid, 1))["status"] == "saved"
-    reject = rejected(tasks.finalize_turn, make_snapshot(tid, 2, owner_id="someone-else"))
-    assert (reject.reason, reject.requeue) == (f"thread {tid} not found", False)
+    reject = discarded(tasks.finalize_turn, make_snapshot(tid, 2, owner_id="someone-else"))
+    assert reject.reason == f"thread {tid} not found"
     [event] = drain_events(redis_client, events)
     assert (event.event, event.thread_id) == ("memory_finalize_rejected", str(tid))
     row = thread_row(tid)

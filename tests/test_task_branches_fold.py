@@ -30,8 +30,8 @@ from tests.support.faults import RowLock, engine_with_lock_timeout, postgres_rol
 from tests.support.jobs import (
     DEAD_POSTGRES,
     configure,
+    discarded,
     private_events,
-    rejected,
     retried,
     run_job,
     take_jobs,
@@ -82,8 +82,7 @@ def llm_down(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_fold_job_without_a_uuid_is_rejected_for_good(
     thread_id: Any, events: str, redis_client: redis.Redis
 ) -> None:
-    reject = rejected(FOLD, thread_id)
-    assert (reject.reason, reject.requeue) == ("thread_id is not a UUID string", False)
+    assert discarded(FOLD, thread_id).reason == "thread_id is not a UUID string"
     assert stream_events(redis_client, events) == ([], [])
 
 

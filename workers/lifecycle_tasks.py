@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from typing import Any, NoReturn
 
-from celery.exceptions import Reject
-
 from memory_core.db import describe_db_error
 from memory_core.folding import POSTGRES_DOWN
 from memory_core.lifecycle import DeleteFailed, apply_retention, forget_owner
@@ -20,7 +18,7 @@ from memory_core.queues import FORGET_OWNER_TASK, PURGE_TRACES_TASK, RETENTION_T
 from memory_core.trace_sweep import sweep_trace_purges
 
 from .app import app
-from .tasks import MemoryTask, finalize_retry_delay, retry_or_requeue
+from .tasks import Discard, MemoryTask, finalize_retry_delay, retry_or_requeue
 
 log = get_logger(__name__)
 
@@ -48,7 +46,7 @@ def _retry(task: MemoryTask, exc: Exception) -> NoReturn:
 def forget_owner_task(self: MemoryTask, owner_id: Any) -> dict[str, Any]:
     if not isinstance(owner_id, str) or not owner_id or "\x00" in owner_id:
         log.warning("memory.job_rejected", task=self.name, reason="owner_id is not text")
-        raise Reject("owner_id is not a non-empty string", requeue=False)
+        raise Discard("owner_id is not a non-empty string")
     try:
         report = forget_owner(owner_id, memory=self.memory)
     except (DeleteFailed, *POSTGRES_DOWN) as exc:

@@ -36,6 +36,17 @@ from .app import FINALIZE_HARD_LIMIT_S, FINALIZE_SOFT_LIMIT_S, app, fold_limits
 log = get_logger(__name__)
 
 
+class Discard(Ignore):
+    """A final no: bad input, or a turn of a deleted thread. The job is acked, not rejected:
+    on RabbitMQ a rejected job is dead-lettered to `memory.dead`, which is for poison jobs
+    (workers dying on them) only; a refused job must not outlive its refusal there, with
+    its content (a deleted thread's turn, a snapshot nobody will ever read back)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
 class MemoryTask(Task):
     """Base task: per-process memory objects; each step opens and owns its own transaction.
 
@@ -44,7 +55,8 @@ class MemoryTask(Task):
     return and rolls back on error.
 
     A job ends in exactly one of: done (its turn landed, its fold ran or had nothing to do),
-    rejected for bad input (an event), or still in the broker. Celery acks a task that
+    refused for bad input or a deleted thread (`Discard`: acked, with an event), dead-lettered
+    after `MEMORY_MAX_DELIVERIES` lost deliveries (RabbitMQ), or still in the broker. Celery acks a task that
     raises; so no exception leaves a task: one nothing else handled is logged and counted and
     the job retried with backoff (`__call__`); a retry that cannot be published goes back to
     the queue (`retry_or_requeue`); a hard time limit requeues (`acks_on_timeout = False`).
@@ -61,7 +73,7 @@ class MemoryTask(Task):
             self._signature().bind(*args, **kwargs)
         except TypeError:  # a job of the wrong shape: bad input, final
             log.warning("memory.job_rejected", task=self.name, reason="wrong arguments")
-            raise Reject("wrong arguments", requeue=False) from None
+            raise Discard("wrong arguments") from None
         try:
             deliveries = delivery_count(self.request)
             if deliveries > get_settings().memory_max_deliveries:
@@ -192,7 +204,7 @@ def _reject_finalize(task: MemoryTask, snapshot: dict[str, Any], reason: str) ->
         session_id="" if deleted else _uuid_text(snapshot.get("session_id")),
         error=reason,
     )
-    raise Reject(reason, requeue=False)
+    raise Discard(reason)
 
 
 _FOLD_SOFT, _FOLD_HARD = fold_limits()
@@ -278,4 +290,4 @@ def _fold_failed_event(
 
 def _reject_fold(reason: str) -> NoReturn:
     log.warning("memory.fold_rejected", reason=reason)
-    raise Reject(reason, requeue=False)
+    raise Discard(reason)

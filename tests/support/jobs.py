@@ -24,6 +24,7 @@ from memory_core.redis_client import get_redis
 from memory_core.settings import reset_settings_cache
 from tests.support.snapshots import make_snapshot
 from workers import tasks
+from workers.tasks import Discard
 
 QUEUES = {tasks.finalize_turn.name: FINALIZE_QUEUE, tasks.fold_thread.name: FOLD_QUEUE}
 Job = tuple[dict[str, Any], list[Any]]  # a queued job's headers and positional arguments
@@ -113,8 +114,16 @@ def retried(task: Task, *args: Any, retries: int = 0) -> tuple[float, str]:
 
 
 def rejected(task: Task, *args: Any, headers: dict[str, Any] | None = None) -> Reject:
+    """Run a job that must be rejected (Celery's Reject: dead-lettered or requeued)."""
     with pytest.raises(Reject) as raised:
         run_job(task, *args, headers=headers)
+    return raised.value
+
+
+def discarded(task: Task, *args: Any) -> Discard:
+    """Run a job that must be refused for good: acked (never dead-lettered), with a reason."""
+    with pytest.raises(Discard) as raised:
+        run_job(task, *args)
     return raised.value
 
 
