@@ -56,10 +56,11 @@ class MemoryTask(Task):
 
     A job ends in exactly one of: done (its turn landed, its fold ran or had nothing to do),
     refused for bad input or a deleted thread (`Discard`: acked, with an event), dead-lettered
-    after `MEMORY_MAX_DELIVERIES` lost deliveries (RabbitMQ), or still in the broker. Celery acks a task that
-    raises; so no exception leaves a task: one nothing else handled is logged and counted and
-    the job retried with backoff (`__call__`); a retry that cannot be published goes back to
-    the queue (`retry_or_requeue`); a hard time limit requeues (`acks_on_timeout = False`).
+    after `MEMORY_MAX_DELIVERIES` lost deliveries (RabbitMQ), or still in the broker. Celery
+    acks a task that raises; so no exception leaves a task: one nothing else handled is logged
+    and counted and the job retried with backoff (`__call__`); a retry that cannot be
+    published goes back to the queue (`retry_or_requeue`); a hard time limit requeues
+    (`acks_on_timeout = False`).
     """
 
     acks_late = True
