@@ -5,7 +5,9 @@ content). A trigger refuses to insert a thread row whose id has a tombstone: a f
 was waiting on the row lock of a thread being deleted would otherwise re-create the thread
 when the lock is released (`INSERT ... ON CONFLICT` retries the insert once the conflicting
 row is gone). The trigger runs after the insert, with a fresh snapshot, so it sees a tombstone
-committed while the insert waited. SQLSTATE AM001 = "thread deleted".
+committed while the insert waited. SQLSTATE AM001 = "thread deleted". SECURITY DEFINER (with
+the migration's search_path): a role that may only write threads and turns, as a least-privilege
+finalize worker's, needs no grant on the tombstones for the check.
 
 `trace_purges` lists deleted threads whose Langfuse traces still have to be deleted (id and
 time only), retried until a pass after the settle window finds none.
@@ -27,7 +29,8 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 _FUNCTION = """
-CREATE FUNCTION refuse_deleted_thread() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE FUNCTION refuse_deleted_thread() RETURNS trigger LANGUAGE plpgsql
+SECURITY DEFINER SET search_path FROM CURRENT AS $$
 BEGIN
   IF EXISTS (SELECT 1 FROM thread_tombstones WHERE thread_id = NEW.id) THEN
     RAISE EXCEPTION 'thread deleted' USING ERRCODE = 'AM001';

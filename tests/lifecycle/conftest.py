@@ -40,15 +40,17 @@ def events(redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> Iterat
 
 @pytest.fixture
 def mem(redis_client: redis.Redis) -> RedisConversationMemory:
-    """A memory on the session's Redis with a key prefix of the test's own."""
-    return RedisConversationMemory(redis_client, key_prefix=f"lc{uuid.uuid4().hex[:8]}")
+    """A memory on the session's Redis, with the default settings: a key prefix of the test's
+    own would be recorded in memory_settings_seen, and every process of the next two hours
+    (the CLI tests' commands among them) would warn that the settings disagree."""
+    return RedisConversationMemory(redis_client)
 
 
 @pytest.fixture
 def other_process(mem: RedisConversationMemory) -> Iterator[RedisConversationMemory]:
     """Another process's memory: same Redis and prefix, its own client and parsed cache."""
     client = make_redis(get_settings().redis_url)
-    yield RedisConversationMemory(client, key_prefix=mem.key_prefix)
+    yield RedisConversationMemory(client)
     client.close()
 
 

@@ -41,7 +41,7 @@ from tests.support.lifecycle import (
 def live(fresh_faulty_redis: FaultyRedis) -> Iterator[RedisConversationMemory]:
     """A memory on the private Redis the test may stop, fill or demote."""
     client = make_redis(fresh_faulty_redis.url)
-    yield RedisConversationMemory(client, key_prefix=f"lcf{uuid.uuid4().hex[:8]}")
+    yield RedisConversationMemory(client)
     client.close()
 
 
@@ -101,9 +101,7 @@ def impatient_engine() -> Iterator[Engine]:
 def test_postgres_failing_after_the_redis_step_lifts_the_marker(
     redis_client: redis.Redis, impatient_engine: Engine, owner: str
 ) -> None:
-    mem = RedisConversationMemory(
-        redis_client, key_prefix=f"lcp{uuid.uuid4().hex[:8]}", engine=impatient_engine
-    )
+    mem = RedisConversationMemory(redis_client, engine=impatient_engine)
     tid = new_thread(mem, owner, 3)
     # Another transaction holds a lock on one of the thread's turns: the delete locks the
     # thread row, deletes the copy and sets the marker, then its DELETE of the turns waits
@@ -143,7 +141,7 @@ def test_postgres_unreachable_during_a_delete_is_delete_failed(
         f"postgresql://postgres@127.0.0.1:{free_port()}/none", connect_args={"connect_timeout": 2}
     )
     try:
-        down = RedisConversationMemory(redis_client, key_prefix="lcdown", engine=engine)
+        down = RedisConversationMemory(redis_client, engine=engine)
         with pytest.raises(DeleteFailed, match="Postgres failed"):
             delete_thread(uuid.uuid4(), owner, memory=down)
     finally:

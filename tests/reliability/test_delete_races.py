@@ -101,10 +101,15 @@ def checkpoints(stack: Stack) -> bool:
 
 
 @pytest.fixture(autouse=True)
-def _fresh_task_caches() -> Iterator[None]:
-    """The in-process task runs (scenario 3) build memory objects on the task class: drop them
-    afterwards, the next test may point at other settings."""
+def _fresh_task_caches(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The tests point this process's settings at the workers' (events_here, the events
+    stream) and the in-process task runs (scenario 3) build memory objects on the task class.
+    Afterwards: the environment restored, and the settings cache and task caches emptied
+    *after* that. The cache kept this test's settings (a fake LLM and an event stream that
+    are gone) for every later test, which broke the LLM-outage scenario that followed."""
     yield
+    monkeypatch.undo()
+    reset_settings_cache()
     tasks.MemoryTask._memory = None
     tasks.MemoryTask._folder = None
 
