@@ -416,8 +416,16 @@ def test_finalize_jobs_on_a_worker_queued_behind_the_delete_leave_nothing(
     assert report.checkpoints == (1 if checkpoints else 0)
     assert_gone(tid, OWNER, redis_client)
     untouched(others, before, tid, total)
+    # The core logs a refusal before the task emits its event: wait for the last event.
+    rejected_events = jobs - 4
+    wait_for(
+        lambda: len(after_the_delete(redis_client, events_stream, tid, OWNER)) >= rejected_events,
+        30,
+        "every refusal's event",
+        w.log,
+    )
     later = after_the_delete(redis_client, events_stream, tid, OWNER)
-    assert [e.event for e in later] == [MEMORY_FINALIZE_REJECTED] * (jobs - 4)
+    assert [e.event for e in later] == [MEMORY_FINALIZE_REJECTED] * rejected_events
     for e in later:  # nothing said about the thread: no thread id, no session id
         assert (e.fields["thread_id"], e.fields["session_id"]) == ("", "")
         assert e.fields["error"] == REASON_DELETED
