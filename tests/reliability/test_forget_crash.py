@@ -36,6 +36,7 @@ from memory_core.events import MEMORY_OWNER_FORGOTTEN, MEMORY_THREAD_DELETED
 from memory_core.lifecycle import forget_owner
 from memory_core.settings import get_settings
 from tests.support import REPO
+from tests.support.lifecycle import thread_states
 from tests.support.services import Stack
 from tests.support.snapshots import make_snapshot
 
@@ -46,20 +47,6 @@ DONE = 4  # batches committed before the kill; batch DONE + 1 is the one killed 
 OWNER = "forget-me"
 OTHER = "stays"
 APP = f"forget-crash-{os.getpid()}"
-
-
-def states(tids: list[uuid.UUID]) -> dict[uuid.UUID, tuple[bool, int, bool]]:
-    """(row exists, turns stored, tombstone) of each thread."""
-    query = text(
-        "SELECT x.id, "
-        "EXISTS (SELECT 1 FROM conversation_threads t WHERE t.id = x.id), "
-        "(SELECT count(*) FROM thread_messages m WHERE m.thread_id = x.id), "
-        "EXISTS (SELECT 1 FROM thread_tombstones s WHERE s.thread_id = x.id) "
-        "FROM unnest(CAST(:ids AS uuid[])) AS x(id)"
-    )
-    with get_engine().connect() as conn:
-        rows = conn.execute(query, {"ids": [str(t) for t in tids]}).all()
-    return {uuid.UUID(str(r[0])): (bool(r[1]), int(r[2]), bool(r[3])) for r in rows}
 
 
 def counts(owner: str) -> tuple[int, int]:
@@ -164,7 +151,7 @@ def test_forget_owner_killed_mid_batch_then_rerun(
     wait_for(lambda: not backends(), 30, "the killed run's session to end", lambda: str(backends()))
 
     # Consistent: every thread whole or gone for good, none half-deleted.
-    after = states(tids)
+    after = thread_states(tids)
     whole, gone = (True, TURNS, False), (False, 0, True)
     torn = {t: s for t, s in after.items() if s not in (whole, gone)}
     assert torn == {}, f"half-deleted threads (row, turns, tombstone): {torn}"
@@ -187,7 +174,7 @@ def test_forget_owner_killed_mid_batch_then_rerun(
     assert report.batches == left // BATCH
     assert (report.remaining_threads, report.remaining_checkpoints) == (0, 0)
     assert counts(OWNER) == (0, 0)
-    assert set(states(tids).values()) == {gone}
+    assert set(thread_states(tids).values()) == {gone}
     assert not any(has_copy(memory, t) for t in tids)
     assert counts(OTHER) == (4, 12)
     for tid in theirs:
