@@ -1,5 +1,6 @@
-"""Agent conversation memory: the synchronous core (importable without Celery running)."""
+"""Agent conversation memory: the core, sync and asyncio (importable without Celery running)."""
 
+from memory_core.aio import aclose_connections
 from memory_core.artifacts import (
     Artifact,
     DashboardArtifact,
@@ -9,6 +10,7 @@ from memory_core.artifacts import (
 )
 from memory_core.context import ConversationContext, Exchange
 from memory_core.conversation_memory import RedisConversationMemory, ThreadNotFound
+from memory_core.enqueue import aenqueue_turn, enqueue_turn
 from memory_core.lifecycle import (
     DeleteFailed,
     ForgetReport,
@@ -22,7 +24,12 @@ from memory_core.lifecycle import (
     list_threads,
     unarchive_thread,
 )
-from memory_core.session_handler import SaveOutcome, save_session_to_thread_safe
+from memory_core.read_wait import TurnNotReady
+from memory_core.session_handler import (
+    SaveOutcome,
+    asave_session_to_thread_safe,
+    save_session_to_thread_safe,
+)
 from memory_core.settings import Settings, get_settings
 from memory_core.snapshot import TurnSnapshot
 from memory_core.views import render_conversation_context
@@ -42,12 +49,17 @@ __all__ = [
     "SqlArtifact",
     "ThreadInfo",
     "ThreadNotFound",
+    "TurnNotReady",
     "TurnSnapshot",
     "VisualizationArtifact",
+    "aclose_connections",
+    "aenqueue_turn",
     "apply_retention",
     "archive_thread",
+    "asave_session_to_thread_safe",
     "delete_thread",
     "derive_artifacts",
+    "enqueue_turn",
     "forget_owner",
     "get_settings",
     "list_threads",

@@ -49,3 +49,6 @@ class ConversationContext(BaseModel):
     summary: str | None = None
     summary_through_seq: int = 0
     recent: list[Exchange] = Field(default_factory=list)
+    # Turns a read was asked to include (`get_context(wait_for=..., on_timeout="flag")`) that
+    # were not saved in time: the context is answered without them. Empty otherwise.
+    missing_session_ids: list[UUID] = Field(default_factory=list)

@@ -1,94 +1,63 @@
-"""RedisConversationMemory: the working copy in Redis, rehydrated from Postgres on a miss."""
+"""RedisConversationMemory: the working copy in Redis, rehydrated from Postgres on a miss.
+
+Every read and copy write is written once, as steps (memory_core/steps.py): `get_context`
+performs them with the blocking clients, `aget_context` with the asyncio ones.
+"""
 
 from __future__ import annotations
 
-import itertools
 import logging
-import threading
-from collections import OrderedDict
 from contextlib import AbstractContextManager, suppress
-from typing import Any
+from types import TracebackType
+from typing import Any, Literal
 from uuid import UUID
 
 import redis
+import redis.asyncio as aredis
 from sqlalchemy import Engine
+from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.orm import Session
 
+from memory_core.aio import aclose_connections, get_async_engine, get_async_redis
+from memory_core.cache_state import (
+    CACHE_ERRORS,
+    COPIES_BEHIND,
+    REDIS_ERRORS,
+    ThreadNotFound,
+    _as_uuid,
+    _check_owner,
+    describe_cache_error,
+)
 from memory_core.caches import BoundedCache
 from memory_core.context import ConversationContext, Exchange
-from memory_core.db import get_engine, retry_on_disconnect, session_scope
+from memory_core.db import get_engine, session_scope
 from memory_core.logs import describe_error, get_logger
 from memory_core.metrics import CACHE_READS, REHYDRATIONS
 from memory_core.models import ConversationThread
+from memory_core.read_wait import OnTimeout, WaitFor, context_including, session_to_wait_for
 from memory_core.redis_client import get_redis
 from memory_core.settings import Settings, get_settings
 from memory_core.settings_check import announce
-from memory_core.working_copy import NOT_OWNER, WorkingCopy, context_from_copy
+from memory_core.steps import (
+    AsyncIO,
+    Read,
+    Steps,
+    SyncIO,
+    retry_on_disconnect,
+    run_async,
+    run_sync,
+)
+from memory_core.working_copy import NOT_OWNER, SCRIPT_SOURCES, WorkingCopy, context_from_copy
+
+__all__ = [
+    "CACHE_ERRORS",
+    "REDIS_ERRORS",
+    "RedisConversationMemory",
+    "ThreadNotFound",
+    "describe_cache_error",
+]
 
 log = get_logger(__name__)
-
-# Anything Redis can answer with instead of data: unreachable, timeouts, out of memory under
-# `noeviction`, READONLY after a failover, other error replies. None of them may fail a read
-# (served from Postgres) or a write whose turn is already committed.
-CACHE_ERRORS = (redis.RedisError, OSError)
-REDIS_ERRORS = CACHE_ERRORS  # the older name
-
-
-def describe_cache_error(exc: BaseException) -> str:
-    """Redis's error class and first line (server replies and client errors quote no data)."""
-    first = next(iter(str(exc).strip().splitlines()), "")
-    return f"{type(exc).__name__}: {first[:200]}" if first else type(exc).__name__
-
-
-class _CopiesBehind:
-    """Threads whose working copy this process failed to update (Redis unreachable).
-
-    Such a copy may survive the outage (AOF, a network blip) while missing the turns written
-    meanwhile, and a hit never consults Postgres: it would hide them until the thread's next
-    save. So the copies are dropped as soon as this process reaches that Redis again, and the
-    next read rebuilds them from Postgres. Process-wide (`save_session_to_thread_safe` builds
-    a memory per call), per Redis server and key prefix, bounded (oldest forgotten first).
-    """
-
-    MAX = 100_000
-
-    def __init__(self) -> None:
-        self._ids: dict[str, OrderedDict[UUID, None]] = {}
-        self._lock = threading.Lock()
-
-    def add(self, copy_id: str, thread_id: UUID) -> None:
-        with self._lock:
-            ids = self._ids.setdefault(copy_id, OrderedDict())
-            ids[thread_id] = None
-            while len(ids) > self.MAX:
-                ids.popitem(last=False)
-
-    def contains(self, copy_id: str, thread_id: UUID) -> bool:
-        ids = self._ids.get(copy_id)
-        return bool(ids) and thread_id in ids  # type: ignore[operator]
-
-    def pending(self, copy_id: str, limit: int = 500) -> list[UUID]:
-        if not self._ids.get(copy_id):  # the common case: no lock, no allocation
-            return []
-        with self._lock:
-            return list(itertools.islice(self._ids.get(copy_id) or (), limit))
-
-    def done(self, copy_id: str, thread_ids: list[UUID]) -> None:
-        with self._lock:
-            ids = self._ids.get(copy_id)
-            if ids is not None:
-                for tid in thread_ids:
-                    ids.pop(tid, None)
-
-
-COPIES_BEHIND = _CopiesBehind()
-
-
-class ThreadNotFound(LookupError):
-    """The thread does not exist or belongs to someone else (deliberately indistinguishable)."""
-
-    def __init__(self, thread_id: UUID | str) -> None:
-        super().__init__(f"thread {thread_id} not found")
 
 
 class RedisConversationMemory:
@@ -96,7 +65,8 @@ class RedisConversationMemory:
 
     Tuning defaults come from settings (MEMORY_TTL_HOURS, MEMORY_MAX_RECENT_MESSAGES,
     MEMORY_COMPRESSION_THRESHOLD, MEMORY_KEY_PREFIX, MEMORY_MAX_UNFOLDED_MESSAGES); constructor
-    arguments override them.
+    arguments override them. The asyncio clients (`async_redis`, `async_engine`) default to the
+    running loop's pooled ones for the settings' URLs (memory_core/aio.py).
     """
 
     def __init__(
@@ -111,6 +81,8 @@ class RedisConversationMemory:
         settings: Settings | None = None,
         engine: Engine | None = None,
         local_cache_size: int | None = None,
+        async_redis: aredis.Redis | None = None,
+        async_engine: AsyncEngine | None = None,
     ) -> None:
         s = settings or get_settings()
         self.settings = s
@@ -132,6 +104,9 @@ class RedisConversationMemory:
             raise ValueError("ttl_hours must be a positive number of hours (at most 876000)")
         self.redis = redis_client if redis_client is not None else get_redis(s.redis_url)
         self.engine = engine if engine is not None else get_engine(s.database_url)
+        self._async_redis = async_redis
+        self._async_engine = async_engine
+        self._async_scripts: dict[int, tuple[aredis.Redis, dict[str, Any]]] = {}
         # Parsed contexts by copy version: a hit on an unchanged copy skips re-validation.
         # Bounded in entries and in bytes (of the copies' stored JSON).
         self._parsed: BoundedCache[UUID, tuple[bytes, ConversationContext]] = BoundedCache(
@@ -151,40 +126,128 @@ class RedisConversationMemory:
             f"/{self.key_prefix}"
         )
 
+    # -- drivers ---------------------------------------------------------------------------
+
+    def sync_io(self) -> SyncIO:
+        return SyncIO(self.engine, self.redis, self.copy.scripts)
+
+    def async_io(self) -> AsyncIO:
+        """The asyncio clients of the running loop (call from a coroutine)."""
+        client = self._async_redis or get_async_redis(self.settings.redis_url)
+        engine = self._async_engine or get_async_engine(self.settings.database_url)
+        found = self._async_scripts.get(id(client))
+        if found is None or found[0] is not client:
+            if len(self._async_scripts) > 8:  # one per loop in practice; never unbounded
+                self._async_scripts.clear()
+            scripts = {name: client.register_script(src) for name, src in SCRIPT_SOURCES.items()}
+            found = self._async_scripts[id(client)] = (client, scripts)
+        return AsyncIO(engine, client, found[1])
+
+    async def aclose(self) -> None:
+        """Close the asyncio connections this memory uses on the running loop (a service's
+        shutdown). Pools are shared per loop: another memory on it reconnects on next use."""
+        if self._async_redis is not None:
+            await self._async_redis.aclose()
+        if self._async_engine is not None:
+            await self._async_engine.dispose()
+        await aclose_connections()
+        self._async_scripts.clear()
+
+    async def __aenter__(self) -> RedisConversationMemory:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
     # -- reads ---------------------------------------------------------------------------
 
-    def get_context(self, thread_id: UUID | str, owner_id: str) -> ConversationContext:
+    def get_context(
+        self,
+        thread_id: UUID | str,
+        owner_id: str,
+        *,
+        wait_for: WaitFor = None,
+        wait_s: float | None = None,
+        on_timeout: Literal["raise", "flag"] = "raise",
+    ) -> ConversationContext:
         """The thread's summary + unfolded turns; `ThreadNotFound` for strangers and unknowns.
 
         A hit is one Redis round trip; the owner is checked inside Redis, so a stranger's read
         ships nothing of the copy. A miss (expired copy) reads Postgres and repopulates the
         copy. Whatever Redis answers with (unreachable, out of memory, read-only, a copy that
         does not parse), the context is served from Postgres instead.
+
+        `wait_for` (an enqueued turn's `SaveOutcome`, or its session id): include that turn,
+        waiting up to `wait_s` (MEMORY_READ_WAIT_S) for a worker to save it; then
+        `on_timeout` says what happens (read_wait.py: `TurnNotReady`, or a flagged context).
         """
+        return run_sync(
+            self._steps(thread_id, owner_id, wait_for, wait_s, on_timeout), self.sync_io()
+        )
+
+    async def aget_context(
+        self,
+        thread_id: UUID | str,
+        owner_id: str,
+        *,
+        wait_for: WaitFor = None,
+        wait_s: float | None = None,
+        on_timeout: Literal["raise", "flag"] = "raise",
+    ) -> ConversationContext:
+        """`get_context` on asyncio clients: the same steps, the same answers and errors."""
+        steps = self._steps(thread_id, owner_id, wait_for, wait_s, on_timeout)
+        return await run_async(steps, self.async_io())
+
+    def _steps(
+        self,
+        thread_id: UUID | str,
+        owner_id: str,
+        wait_for: WaitFor,
+        wait_s: float | None,
+        on_timeout: OnTimeout,
+    ) -> Steps[ConversationContext]:
         tid = _as_uuid(thread_id)
         _check_owner(tid, owner_id)
+        session_id = session_to_wait_for(wait_for)
+        if session_id is None:
+            return self.context_steps(tid, owner_id)
+        if on_timeout not in ("raise", "flag"):
+            raise ValueError("on_timeout must be 'raise' or 'flag'")
+        wait = self.settings.memory_read_wait_s if wait_s is None else wait_s
+        if not 0 <= wait <= 300:  # also refuses NaN
+            raise ValueError("wait_s must be between 0 and 300 seconds")
+        return context_including(
+            self, tid, owner_id, session_id=session_id, wait_s=wait, on_timeout=on_timeout
+        )
+
+    def context_steps(self, tid: UUID, owner_id: str) -> Steps[ConversationContext]:
         try:
-            found = self._read_copy(tid, owner_id)
+            found = yield from self._read_copy(tid, owner_id)
         except Exception as exc:
-            return self._read_around_cache(tid, owner_id, exc)
+            return (yield from self._read_around_cache(tid, owner_id, exc))
         if found is NOT_OWNER:
             # The same owner-checked Postgres look-up as for an unknown thread, so a stranger
             # is refused no faster than for a thread that does not exist. Should the owner
             # find it after all, the copy was not theirs (a partial write): drop it.
-            ctx = self._load(tid, owner_id)
-            self._discard_copy(tid)
+            ctx = yield from self.load_steps(tid, owner_id)
+            yield from self._discard_copy(tid)
             return ctx
         CACHE_READS.labels("miss" if found is None else "hit").inc()
-        return found if isinstance(found, ConversationContext) else self.rehydrate(tid, owner_id)
+        if isinstance(found, ConversationContext):
+            return found
+        return (yield from self._rehydrate(tid, owner_id))
 
-    def _read_copy(self, tid: UUID, owner_id: str) -> ConversationContext | str | None:
+    def _read_copy(self, tid: UUID, owner_id: str) -> Steps[ConversationContext | str | None]:
         try:
-            self._drop_copies_behind()
+            yield from self._drop_copies_behind()
         except CACHE_ERRORS:
             if COPIES_BEHIND.contains(self._copy_id, tid):
                 raise  # this copy may miss turns and cannot be dropped: read around it
         known = self._parsed.get(tid)
-        found = self.copy.read_if_changed(tid, owner_id, known[0] if known else None)
+        reply = yield self.copy.read_step(tid, owner_id, known[0] if known else None)
+        found = self.copy.parse_read(reply, known[0] if known else None)
         if found is None or isinstance(found, str):
             if known is not None:  # the copy is gone (expired, or the thread deleted)
                 self._parsed.pop(tid)
@@ -196,42 +259,50 @@ class RedisConversationMemory:
         self._parsed.put(tid, (version, ctx), sum(map(len, members or ())))
         return ctx
 
-    def _read_around_cache(self, tid: UUID, owner_id: str, exc: Exception) -> ConversationContext:
+    def _read_around_cache(
+        self, tid: UUID, owner_id: str, exc: Exception
+    ) -> Steps[ConversationContext]:
         """Serve from Postgres (uncached) when the copy cannot be read or trusted."""
         CACHE_READS.labels("unavailable").inc()
         if isinstance(exc, CACHE_ERRORS):
             log.warning(
-                "memory.cache_unavailable",
-                thread_id=str(tid),
-                error=describe_cache_error(exc),
+                "memory.cache_unavailable", thread_id=str(tid), error=describe_cache_error(exc)
             )
         else:  # the copy did not parse: rebuild it on the next read
-            log.error(
-                "memory.cache_corrupt",
-                thread_id=str(tid),
-                error=describe_error(exc),
-            )
-            self._discard_copy(tid)
-        return self._load(tid, owner_id)
+            log.error("memory.cache_corrupt", thread_id=str(tid), error=describe_error(exc))
+            yield from self._discard_copy(tid)
+        return (yield from self.load_steps(tid, owner_id))
 
     def rehydrate(self, thread_id: UUID | str, owner_id: str) -> ConversationContext:
         """Rebuild the working copy from Postgres (the stored summary + unfolded turns)."""
         tid = _as_uuid(thread_id)
         _check_owner(tid, owner_id)
-        ctx, last_seq = self._load_with_last(tid, owner_id)
-        self._store(owner_id, ctx, last_seq)
+        return run_sync(self._rehydrate(tid, owner_id), self.sync_io())
+
+    def _rehydrate(self, tid: UUID, owner_id: str) -> Steps[ConversationContext]:
+        ctx, last_seq = yield from self.load_with_last_steps(tid, owner_id)
+        try:
+            yield self.copy.merge_step(owner_id, ctx, last_seq)
+        except Exception as exc:
+            self._write_failed(ctx.thread_id, exc)
         REHYDRATIONS.inc()
         return ctx
 
-    def _load(self, tid: UUID, owner_id: str) -> ConversationContext:
-        return self._load_with_last(tid, owner_id)[0]
+    def load_steps(self, tid: UUID, owner_id: str) -> Steps[ConversationContext]:
+        return (yield from self.load_with_last_steps(tid, owner_id))[0]
 
     def _load_with_last(self, tid: UUID, owner_id: str) -> tuple[ConversationContext, int]:
-        def read() -> Any:
-            with self.engine.connect() as conn:
-                return ConversationThread.rehydrate(conn, tid, owner_id, self.max_unfolded_messages)
+        return run_sync(self.load_with_last_steps(tid, owner_id), self.sync_io())
 
-        found = retry_on_disconnect(read)
+    def load_with_last_steps(
+        self, tid: UUID, owner_id: str
+    ) -> Steps[tuple[ConversationContext, int]]:
+        stmt = ConversationThread.rehydrate_statement(tid, owner_id, self.max_unfolded_messages)
+
+        def read() -> Steps[Any]:
+            return (yield Read(stmt))
+
+        found = ConversationThread.rehydrated((yield from retry_on_disconnect(read)))
         if found is None:
             raise ThreadNotFound(tid)
         head, rows = found
@@ -244,6 +315,7 @@ class RedisConversationMemory:
         return ctx, head.last_seq
 
     def _store(self, owner_id: str, ctx: ConversationContext, last_seq: int) -> None:
+        """Merge a Postgres snapshot into the copy (blocking); a failure marks it behind."""
         try:
             self.copy.merge(owner_id, ctx, last_seq)
         except Exception as exc:
@@ -263,19 +335,19 @@ class RedisConversationMemory:
     def drop_copies_behind(self) -> None:
         """Best effort: drop the copies this process failed to update (workers that only
         fold call this on every fold, so they too act on what they marked)."""
-        with suppress(redis.RedisError, OSError):
-            self._drop_copies_behind()
+        with suppress(*CACHE_ERRORS):
+            run_sync(self._drop_copies_behind(), self.sync_io())
 
-    def _drop_copies_behind(self) -> None:
+    def _drop_copies_behind(self) -> Steps[None]:
         """Delete the copies this process failed to update (raises Redis errors)."""
         while behind := COPIES_BEHIND.pending(self._copy_id):
-            self.redis.delete(*(key for tid in behind for key in self.copy.keys(tid)))
+            yield self.copy.delete_step_many(behind)
             COPIES_BEHIND.done(self._copy_id, behind)
             log.info("memory.cache_dropped_behind", threads=len(behind))
 
-    def _discard_copy(self, tid: UUID) -> None:
+    def _discard_copy(self, tid: UUID) -> Steps[None]:
         try:
-            self.copy.delete(tid)
+            yield self.copy.delete_step(tid)
         except Exception as exc:
             self._write_failed(tid, exc)
 
@@ -286,6 +358,12 @@ class RedisConversationMemory:
     # -- writes (called by the finalize core and the fold worker) ------------------------
 
     def record_turn(self, owner_id: str, thread_id: UUID, through: int, turn: Exchange) -> str:
+        """Add a committed turn to the copy (see `record_turn_steps`); never raises."""
+        return run_sync(self.record_turn_steps(owner_id, thread_id, through, turn), self.sync_io())
+
+    def record_turn_steps(
+        self, owner_id: str, thread_id: UUID, through: int, turn: Exchange
+    ) -> Steps[str]:
         """Add a committed turn to the copy, rebuilding from Postgres if the copy is behind.
 
         Returns the outcome for logs/metrics: ok, rebuilt, or unavailable. Never raises: the
@@ -294,20 +372,18 @@ class RedisConversationMemory:
         serves it without the turn.
         """
         try:
-            self._drop_copies_behind()
+            yield from self._drop_copies_behind()
             if turn.seq == 1:
                 first = ConversationContext(thread_id=thread_id, recent=[turn])
-                status = self.copy.merge(owner_id, first, last_seq=1)
+                status = self.copy.status((yield self.copy.merge_step(owner_id, first, 1)))
             else:
-                status = self.copy.append(thread_id, owner_id, through, turn)
-            if status in ("missing", "gap", "stale"):
-                log.info(
-                    "memory.cache_rebuild",
-                    thread_id=str(thread_id),
-                    reason=status,
+                status = self.copy.status(
+                    (yield self.copy.append_step(thread_id, owner_id, through, turn))
                 )
-                ctx, last_seq = self._load_with_last(thread_id, owner_id)
-                self.copy.merge(owner_id, ctx, last_seq)
+            if status in ("missing", "gap", "stale"):
+                log.info("memory.cache_rebuild", thread_id=str(thread_id), reason=status)
+                ctx, last_seq = yield from self.load_with_last_steps(thread_id, owner_id)
+                yield self.copy.merge_step(owner_id, ctx, last_seq)
                 REHYDRATIONS.inc()
                 return "rebuilt"
             return status
@@ -318,7 +394,7 @@ class RedisConversationMemory:
     def refresh_summary(self, owner_id: str, thread_id: UUID, summary: str, through: int) -> str:
         """Carry a fold's summary into the copy, if there is one; never raises."""
         try:
-            self._drop_copies_behind()
+            run_sync(self._drop_copies_behind(), self.sync_io())
             return self.copy.refresh(owner_id, thread_id, summary, through)
         except Exception as exc:
             self._write_failed(thread_id, exc)
@@ -336,27 +412,3 @@ class RedisConversationMemory:
         for tid in thread_ids:
             self._parsed.pop(tid)
         return self.copy.forget(thread_ids) if thread_ids else 0
-
-
-def _check_owner(thread_id: UUID, owner_id: str) -> None:
-    """An owner id no snapshot can carry (not text, NUL, lone surrogates) owns no thread.
-
-    Answer as for an unknown thread: the database driver would raise its own error for it,
-    and only when the copy is not cached, which told a stranger whether the thread exists.
-    """
-    if not isinstance(owner_id, str) or "\x00" in owner_id:
-        raise ThreadNotFound(thread_id)
-    try:
-        owner_id.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ThreadNotFound(thread_id) from None
-
-
-def _as_uuid(value: UUID | str) -> UUID:
-    if isinstance(value, UUID):
-        return value
-    try:
-        return UUID(str(value))
-    except ValueError:
-        # A malformed id cannot name any thread: same answer as for an unknown one.
-        raise ThreadNotFound(value) from None

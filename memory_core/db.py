@@ -95,7 +95,7 @@ def describe_db_error(exc: BaseException) -> str:
     resources, lock/lock-timeout, operator intervention, deadlock/serialization), that line.
     """
     orig = getattr(exc, "orig", None) or exc
-    code = getattr(orig, "pgcode", None)
+    code = sqlstate(orig)
     head = type(orig).__name__ + (f" SQLSTATE {code}" if code else "")
     if code is None or str(code).startswith(_SAFE_SQLSTATE_CLASSES):
         first = next(iter(str(orig).strip().splitlines()), "")
@@ -105,6 +105,11 @@ def describe_db_error(exc: BaseException) -> str:
 
 
 _SAFE_SQLSTATE_CLASSES = ("08", "40", "53", "55", "57")
+
+
+def sqlstate(exc: BaseException | None) -> str | None:
+    """The SQLSTATE of a driver error: psycopg2 calls it `pgcode`, psycopg 3 `sqlstate`."""
+    return getattr(exc, "pgcode", None) or getattr(exc, "sqlstate", None)
 
 
 def retry_on_disconnect(work: Callable[[], T]) -> T:

@@ -7,6 +7,7 @@ commit: the caller owns the transaction.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
@@ -131,15 +132,15 @@ class ConversationThread(Base):
         the threshold and no fold is pending, or the pending one is overdue by more than the
         grace period (its message was lost). Returns None when the thread belongs to someone else.
         """
-        params = {
-            "id": thread_id,
-            "owner_id": owner_id,
-            "agent_type": agent_type,
-            "title": title,
-            "threshold": fold_threshold,
-            "grace_s": republish_grace_s,
-        }
-        row = session.execute(_claim_statement(), params).one_or_none()
+        params = claim_params(
+            thread_id=thread_id,
+            owner_id=owner_id,
+            agent_type=agent_type,
+            title=title,
+            fold_threshold=fold_threshold,
+            republish_grace_s=republish_grace_s,
+        )
+        row = session.execute(claim_statement(), params).one_or_none()
         if row is None:
             return None
         return SeqClaim(row.last_seq, row.summary_through_seq, bool(row.fold_requested))
@@ -148,11 +149,14 @@ class ConversationThread(Base):
     def rehydrate(
         cls, session: Session | Connection, thread_id: uuid.UUID, owner_id: str, cap: int
     ) -> tuple[Any, list[Any]] | None:
-        """Summary + the newest `cap` unfolded turns in one indexed, owner-checked query.
+        """Summary + the newest `cap` unfolded turns in one indexed, owner-checked query."""
+        rows = session.execute(cls.rehydrate_statement(thread_id, owner_id, cap)).all()
+        return cls.rehydrated(rows)
 
-        Reads via the (thread_id, seq) unique index backwards from the end, so the cost does not
-        grow with the length of the thread's history.
-        """
+    @classmethod
+    def rehydrate_statement(cls, thread_id: uuid.UUID, owner_id: str, cap: int) -> Any:
+        """The query of `rehydrate`: reads via the (thread_id, seq) unique index backwards
+        from the end, so the cost does not grow with the length of the thread's history."""
         m = cast(Table, ThreadMessage.__table__)
         t = cast(Table, cls.__table__)
         recent = (
@@ -164,12 +168,15 @@ class ConversationThread(Base):
             .limit(cap)
             .lateral("recent")
         )
-        stmt = (
+        return (
             select(t.c.summary, t.c.summary_through_seq, t.c.last_seq, recent)
             .select_from(t.outerjoin(recent, true()))
             .where(t.c.id == thread_id, t.c.owner_id == owner_id)
         )
-        rows = session.execute(stmt).all()
+
+    @staticmethod
+    def rehydrated(rows: Sequence[Any]) -> tuple[Any, list[Any]] | None:
+        """`rehydrate_statement`'s rows as (thread head, turns oldest first); None: no thread."""
         if not rows:
             return None
         turns = sorted((r for r in rows if r.seq is not None), key=lambda r: r.seq)
@@ -218,8 +225,28 @@ class SeqClaim:
     fold_requested: bool
 
 
+def claim_params(
+    *,
+    thread_id: uuid.UUID,
+    owner_id: str,
+    agent_type: str,
+    title: str,
+    fold_threshold: int,
+    republish_grace_s: int,
+) -> dict[str, Any]:
+    """The parameters of `claim_statement` (see `ConversationThread.claim_next_seq`)."""
+    return {
+        "id": thread_id,
+        "owner_id": owner_id,
+        "agent_type": agent_type,
+        "title": title,
+        "threshold": fold_threshold,
+        "grace_s": republish_grace_s,
+    }
+
+
 @cache
-def _claim_statement() -> Any:
+def claim_statement() -> Any:
     """Built once: the finalize hot path only binds parameters (no per-call SQL construction)."""
     t = cast(Table, ConversationThread.__table__)
     grace = func.make_interval(0, 0, 0, 0, 0, 0, bindparam("grace_s", type_=Integer))
@@ -282,6 +309,15 @@ def _stored_turn_statement() -> Any:
     )
 
 
+@cache
+def _stored_seq_statement() -> Any:
+    t = cast(Table, ThreadMessage.__table__)
+    return select(t.c.seq).where(
+        t.c.session_id == bindparam("sid", type_=t.c.session_id.type),
+        t.c.thread_id == bindparam("tid", type_=t.c.thread_id.type),
+    )
+
+
 class ThreadMessage(Base):
     """One user-query -> answer turn; `session_id` makes finalize idempotent."""
 
@@ -307,6 +343,16 @@ class ThreadMessage(Base):
     completed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
+    @staticmethod
+    def insert_statement() -> Any:
+        """Insert a turn unless its session_id is stored: returns a row only when inserted."""
+        return _insert_message_statement()
+
+    @staticmethod
+    def stored_turn_statement() -> Any:
+        """The turn stored for session `sid` (thread_id, seq and what memory reads of it)."""
+        return _stored_turn_statement()
+
     @classmethod
     def insert_once(cls, session: Session | Connection, **values: Any) -> bool:
         """Insert the turn unless its session_id is already stored; True when inserted."""
@@ -316,6 +362,11 @@ class ThreadMessage(Base):
     def stored_turn(cls, session: Session | Connection, session_id: uuid.UUID) -> Any:
         """The turn stored for `session_id` (thread_id, seq and what memory reads of it)."""
         return session.execute(_stored_turn_statement(), {"sid": session_id}).one()
+
+    @staticmethod
+    def stored_seq_statement() -> Any:
+        """The seq of the turn stored for session `sid` in thread `tid` (no row: not stored)."""
+        return _stored_seq_statement()
 
     @classmethod
     def by_session(cls, session: Session, session_id: uuid.UUID) -> ThreadMessage | None:

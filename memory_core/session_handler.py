@@ -27,11 +27,11 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from memory_core.artifacts import derive_artifacts
 from memory_core.context import Exchange
 from memory_core.conversation_memory import RedisConversationMemory
-from memory_core.db import describe_db_error, retry_on_disconnect
+from memory_core.db import describe_db_error, sqlstate
 from memory_core.fold_publisher import publish_fold
 from memory_core.logs import describe_error, get_logger
 from memory_core.metrics import FINALIZE
-from memory_core.models import ConversationThread, SeqClaim, ThreadMessage
+from memory_core.models import SeqClaim, ThreadMessage, claim_params, claim_statement
 from memory_core.settings import SettingsError
 from memory_core.snapshot import (
     DashboardIn,
@@ -42,6 +42,15 @@ from memory_core.snapshot import (
     WidgetVisualizationIn,
     check_snapshot_size,
 )
+from memory_core.steps import (
+    Call,
+    Sql,
+    Steps,
+    retry_on_disconnect,
+    run_async,
+    run_sync,
+    transaction,
+)
 
 log = get_logger(__name__)
 
@@ -50,12 +59,16 @@ TITLE_MAX = 500
 REASON_DELETED = "deleted"
 # Raised by the trigger that refuses to re-create a deleted thread (migration 3d9a6c1e5b27).
 THREAD_DELETED_SQLSTATE = "AM001"
-Status = Literal["saved", "duplicate", "rejected", "failed"]
+Status = Literal["saved", "duplicate", "rejected", "failed", "enqueued"]
 
 
 @dataclass(frozen=True)
 class SaveOutcome:
-    """What happened to one finalize. `retryable` is True only for infrastructure failures."""
+    """What happened to one finalize. `retryable` is True only for infrastructure failures.
+
+    `enqueued` (only from `enqueue_turn`): the job is on the broker, `task_id` names it; pass
+    the outcome to `get_context(wait_for=...)` to read the thread with that turn.
+    """
 
     status: Status
     thread_id: str | None = None
@@ -65,10 +78,11 @@ class SaveOutcome:
     cache: str | None = None
     fold_published: bool = False
     retryable: bool = False
+    task_id: str | None = None
 
     @property
     def ok(self) -> bool:
-        return self.status in ("saved", "duplicate")
+        return self.status in ("saved", "duplicate", "enqueued")
 
 
 class _Abort(Exception):
@@ -121,21 +135,62 @@ def save_session_to_thread_safe(
     memory: RedisConversationMemory | None = None,
 ) -> SaveOutcome:
     """Persist one finished turn; never raises into the agent, returns what happened."""
+    ready = _prepare(snapshot, memory)
+    if isinstance(ready, SaveOutcome):
+        return ready
+    snap, memory = ready
+    return run_sync(save_steps(snap, memory), memory.sync_io())
+
+
+async def asave_session_to_thread_safe(
+    snapshot: TurnSnapshot | Mapping[str, Any],
+    *,
+    memory: RedisConversationMemory | None = None,
+) -> SaveOutcome:
+    """`save_session_to_thread_safe` on asyncio clients: same steps, same `SaveOutcome`s."""
+    ready = _prepare(snapshot, memory)
+    if isinstance(ready, SaveOutcome):
+        return ready
+    snap, memory = ready
     try:
-        snap = parse_snapshot(snapshot)
+        io = memory.async_io()
+    except Exception as exc:  # e.g. a DATABASE_URL the asyncio driver cannot take
+        return _failed(exc, str(snap.thread_id), str(snap.session_id))
+    return await run_async(save_steps(snap, memory), io)
+
+
+def reject_or_parse(snapshot: TurnSnapshot | Mapping[str, Any]) -> TurnSnapshot | SaveOutcome:
+    """The validated snapshot, or the `rejected` outcome (logged, counted) for bad input."""
+    try:
+        return parse_snapshot(snapshot)
     except (ValidationError, SnapshotTooLarge) as exc:
         reason = format_validation_error(exc) if isinstance(exc, ValidationError) else str(exc)
         log.warning("memory.finalize_rejected", reason=reason)
         FINALIZE.labels("rejected").inc()
         return SaveOutcome("rejected", reason=reason)
+
+
+def _prepare(
+    snapshot: TurnSnapshot | Mapping[str, Any], memory: RedisConversationMemory | None
+) -> tuple[TurnSnapshot, RedisConversationMemory] | SaveOutcome:
+    snap = reject_or_parse(snapshot)
+    if isinstance(snap, SaveOutcome):
+        return snap
+    try:
+        return snap, memory or RedisConversationMemory()
+    except Exception as exc:  # settings that cannot work: nothing was written
+        return _failed(exc, str(snap.thread_id), str(snap.session_id))
+
+
+def save_steps(snap: TurnSnapshot, memory: RedisConversationMemory) -> Steps[SaveOutcome]:
+    """The finalize, as steps (memory_core/steps.py) both drivers perform."""
     tid, sid = str(snap.thread_id), str(snap.session_id)
     try:
-        memory = memory or RedisConversationMemory()
         turn = _exchange(snap, seq=0)
-        claim = retry_on_disconnect(lambda: _write_turn(snap, turn, memory))
+        claim = yield from retry_on_disconnect(lambda: transaction(_write_turn(snap, turn, memory)))
     except _Abort as abort:
         if abort.status == "duplicate":
-            return _duplicate(snap, abort.stored, memory)  # type: ignore[arg-type]
+            return (yield from _duplicate(snap, abort.stored, memory))
         log.info(
             "memory.finalize_" + abort.status,
             reason=abort.reason,
@@ -147,14 +202,14 @@ def save_session_to_thread_safe(
     except Exception as exc:  # nothing was committed: the agent or Celery retries
         return _failed(exc, tid, sid)
     # Committed: from here on nothing raises, whatever Redis or the broker do.
-    cache = memory.record_turn(
+    cache = yield from memory.record_turn_steps(
         snap.owner_id,
         snap.thread_id,
         claim.summary_through_seq,
         turn.model_copy(update={"seq": claim.seq}),
     )
-    published = claim.fold_requested and publish_fold(
-        snap.thread_id, memory.settings.celery_broker_url
+    published = claim.fold_requested and (
+        yield Call(publish_fold, (snap.thread_id, memory.settings.celery_broker_url))
     )
     FINALIZE.labels("saved").inc()
     log.info(
@@ -178,56 +233,67 @@ def _failed(exc: Exception, tid: str, sid: str) -> SaveOutcome:
     return SaveOutcome("failed", tid, sid, reason=f"{kind}: {error}", retryable=True)
 
 
-def _write_turn(snap: TurnSnapshot, turn: Exchange, memory: RedisConversationMemory) -> SeqClaim:
-    # A Core connection, not an ORM session: the hot path only binds two prebuilt statements.
-    with memory.engine.begin() as session:
-        try:
-            claim = ConversationThread.claim_next_seq(
-                session,
+def _write_turn(
+    snap: TurnSnapshot, turn: Exchange, memory: RedisConversationMemory
+) -> Steps[SeqClaim]:
+    """The transaction's statements (the caller opens and commits it): two prebuilt
+    statements, bound; a duplicate session reads the stored turn back."""
+    try:
+        row = yield Sql(
+            claim_statement(),
+            claim_params(
                 thread_id=snap.thread_id,
                 owner_id=snap.owner_id,
                 agent_type=snap.agent_type,
                 title=" ".join(snap.user_query.split())[:TITLE_MAX],
                 fold_threshold=memory.compression_threshold,
                 republish_grace_s=memory.settings.memory_fold_republish_grace_s,
-            )
-        except DBAPIError as exc:  # the thread was deleted (even while this claim waited)
-            if getattr(exc.orig, "pgcode", None) == THREAD_DELETED_SQLSTATE:
-                raise _Abort("rejected", REASON_DELETED) from None
-            raise
-        if claim is None:
-            raise _Abort("rejected", f"thread {snap.thread_id} not found")
-        inserted = ThreadMessage.insert_once(
-            session,
-            thread_id=snap.thread_id,
-            session_id=snap.session_id,
-            seq=claim.seq,
-            user_query=snap.user_query,
-            answer=snap.answer,
-            artifacts=[a.model_dump(mode="json") for a in turn.artifacts],
-            response_payload=snap.response_payload,
-            completed_at=snap.completed_at,
+            ),
+            "one_or_none",
         )
-        if not inserted:
-            # Rolling back also returns the seq we claimed: no gap.
-            stored = ThreadMessage.stored_turn(session, snap.session_id)
-            if stored.thread_id != snap.thread_id:
-                raise _Abort(
-                    "rejected",
-                    f"session {snap.session_id} is already a turn of another thread",
-                )
-            raise _Abort("duplicate", "", (stored, claim.summary_through_seq))
+    except DBAPIError as exc:  # the thread was deleted (even while this claim waited)
+        if sqlstate(exc.orig) == THREAD_DELETED_SQLSTATE:
+            raise _Abort("rejected", REASON_DELETED) from None
+        raise
+    if row is None:
+        raise _Abort("rejected", f"thread {snap.thread_id} not found")
+    claim = SeqClaim(row.last_seq, row.summary_through_seq, bool(row.fold_requested))
+    inserted = yield Sql(
+        ThreadMessage.insert_statement(),
+        {
+            "thread_id": snap.thread_id,
+            "session_id": snap.session_id,
+            "seq": claim.seq,
+            "user_query": snap.user_query,
+            "answer": snap.answer,
+            "artifacts": [a.model_dump(mode="json") for a in turn.artifacts],
+            "response_payload": snap.response_payload,
+            "completed_at": snap.completed_at,
+        },
+        "first",
+    )
+    if inserted is None:
+        # Rolling back also returns the seq we claimed: no gap.
+        stored = yield Sql(ThreadMessage.stored_turn_statement(), {"sid": snap.session_id}, "one")
+        if stored.thread_id != snap.thread_id:
+            raise _Abort(
+                "rejected",
+                f"session {snap.session_id} is already a turn of another thread",
+            )
+        raise _Abort("duplicate", "", (stored, claim.summary_through_seq))
     return claim
 
 
 def _duplicate(
     snap: TurnSnapshot, stored: tuple[Any, int], memory: RedisConversationMemory
-) -> SaveOutcome:
+) -> Steps[SaveOutcome]:
     """An already-stored turn: make sure the copy holds it (its first delivery may have died
     between COMMIT and the cache write), from what is stored, never from the redelivery."""
     row, through = stored
     tid, sid = str(snap.thread_id), str(snap.session_id)
-    cache = memory.record_turn(snap.owner_id, snap.thread_id, through, Exchange.from_row(row))
+    cache = yield from memory.record_turn_steps(
+        snap.owner_id, snap.thread_id, through, Exchange.from_row(row)
+    )
     FINALIZE.labels("duplicate").inc()
     log.info(
         "memory.finalize_duplicate",

@@ -63,6 +63,8 @@ class Settings(BaseSettings):
     # and the bytes (of the copies' stored JSON) they may hold.
     memory_local_cache_size: int = Field(default=1024, ge=0)
     memory_local_cache_max_bytes: int = Field(default=32 * 1024 * 1024, ge=0)
+    # How long `get_context(wait_for=...)` waits for an enqueued turn by default (seconds).
+    memory_read_wait_s: float = Field(default=5.0, gt=0, le=300)
 
     # Folding: a fold queued this long ago and not yet run is considered lost and
     # may be re-published by the next finalize on the thread.

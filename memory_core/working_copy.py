@@ -6,6 +6,8 @@ unchanged on Redis Cluster):
     <prefix>:{<thread_id>}:meta   hash  owner, through (summary cursor), summary, last
     <prefix>:{<thread_id>}:turns  zset  score = seq, member = Exchange JSON
     <prefix>:{<thread_id>}:gone   string, only for a deleted thread (no copy may be written)
+    <prefix>:{<thread_id>}:saved  pub/sub channel: every successful write publishes "1" on it
+                                  (a reader waiting for an enqueued turn re-reads; read_wait.py)
 
 The copy is contiguous: it holds every turn from its oldest entry up to `last`, with no hole.
 Writes go through one Lua script with two modes:
@@ -35,11 +37,13 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Sequence
+from typing import Any
 from uuid import UUID
 
 import redis
 
 from memory_core.context import ConversationContext, Exchange
+from memory_core.steps import Delete, Script
 
 _WRITE = """
 local meta, turns = KEYS[1], KEYS[2]
@@ -97,6 +101,8 @@ redis.call('PEXPIRE', turns, ttl)
 if not ok then
   return redis.error_reply(type(err) == 'table' and err.err or tostring(err))
 end
+-- Wake whoever waits for a turn of this thread (read_wait.py); nothing of the copy is sent.
+redis.call('PUBLISH', string.sub(meta, 1, -5) .. 'saved', '1')
 return 'ok'
 """
 
@@ -124,6 +130,10 @@ return had
 _UNFORGET = "return redis.call('DEL', KEYS[1])"
 
 NOT_OWNER = "owner"
+# The scripts the memory's steps name (memory_core/steps.py `Script`); async clients register
+# the same sources.
+SCRIPT_SOURCES = {"read": _READ, "write": _WRITE}
+ReadReply = tuple[bytes, dict[bytes, bytes], list[bytes] | None] | str | None
 
 
 class WorkingCopy:
@@ -137,6 +147,11 @@ class WorkingCopy:
         self._write = client.register_script(_WRITE)
         self._read = client.register_script(_READ)
         self._forget = client.register_script(_FORGET)
+        self.scripts = {"read": self._read, "write": self._write}
+
+    def saved_channel(self, thread_id: UUID | str) -> str:
+        """The pub/sub channel every write to this thread's copy publishes on."""
+        return f"{self.key_prefix}:{{{thread_id}}}:saved"
 
     def keys(self, thread_id: UUID | str) -> tuple[str, str]:
         tag = f"{self.key_prefix}:{{{thread_id}}}"
@@ -169,6 +184,32 @@ class WorkingCopy:
         """Union a complete snapshot (Postgres as of some commit) into the copy."""
         return self._run(ctx.thread_id, self.merge_args(owner_id, ctx, last_seq))
 
+    # The same writes and reads as steps (memory_core/steps.py), for the logic that runs on
+    # both drivers; `status` / `parse_read` decode the replies.
+
+    def append_step(self, thread_id: UUID, owner_id: str, through: int, turn: Exchange) -> Script:
+        return Script(
+            "write", self.write_keys(thread_id), self.append_args(owner_id, through, turn)
+        )
+
+    def merge_step(self, owner_id: str, ctx: ConversationContext, last_seq: int) -> Script:
+        return Script(
+            "write", self.write_keys(ctx.thread_id), self.merge_args(owner_id, ctx, last_seq)
+        )
+
+    def read_step(self, thread_id: UUID, owner_id: str, known_version: bytes | None) -> Script:
+        return Script("read", self.keys(thread_id), [known_version or "", owner_id, "owner"])
+
+    def delete_step(self, thread_id: UUID) -> Delete:
+        return Delete(self.keys(thread_id))
+
+    def delete_step_many(self, thread_ids: Sequence[UUID]) -> Delete:
+        return Delete([key for tid in thread_ids for key in self.keys(tid)])
+
+    @staticmethod
+    def status(reply: object) -> str:
+        return reply.decode() if isinstance(reply, bytes) else str(reply)
+
     def append_args(self, owner_id: str, through: int, turn: Exchange) -> list[str | int]:
         """ARGV of the write script for an append (public for the benchmark's raw side)."""
         head: list[str | int] = ["append", owner_id, "", through, turn.seq, self.ttl_ms, self.cap]
@@ -190,8 +231,7 @@ class WorkingCopy:
         return args
 
     def _run(self, thread_id: UUID, args: Sequence[str | int]) -> str:
-        result = self._write(keys=self.write_keys(thread_id), args=list(args))
-        return result.decode() if isinstance(result, bytes) else str(result)
+        return self.status(self._write(keys=self.write_keys(thread_id), args=list(args)))
 
     def read(self, thread_id: UUID) -> tuple[dict[bytes, bytes], list[bytes]]:
         """Inspection (tests, benchmarks, operators): meta hash and turn members whoever owns
@@ -203,7 +243,7 @@ class WorkingCopy:
 
     def read_if_changed(
         self, thread_id: UUID, owner_id: str, known_version: bytes | None
-    ) -> tuple[bytes, dict[bytes, bytes], list[bytes] | None] | str | None:
+    ) -> ReadReply:
         """(version, meta, members); members is None when the copy is still `known_version`.
 
         Returns None when there is no copy and `NOT_OWNER` when it belongs to someone else
@@ -213,9 +253,13 @@ class WorkingCopy:
 
     def _read_reply(
         self, thread_id: UUID, owner_id: str, known_version: bytes | None, *, check_owner: bool
-    ) -> tuple[bytes, dict[bytes, bytes], list[bytes] | None] | str | None:
+    ) -> ReadReply:
         args = [known_version or "", owner_id, "owner" if check_owner else "any"]
-        reply = self._read(keys=self.keys(thread_id), args=args)
+        return self.parse_read(self._read(keys=self.keys(thread_id), args=args), known_version)
+
+    @staticmethod
+    def parse_read(reply: list[Any], known_version: bytes | None) -> ReadReply:
+        """The read script's reply as `read_if_changed` returns it."""
         if not reply:
             return None
         if reply[0] == b"owner":
