@@ -390,6 +390,9 @@ class RedisConversationMemory:
         except Exception as exc:
             self._write_failed(thread_id, exc)
             return "unavailable"
+        except GeneratorExit:  # the async caller was cancelled mid-write: the copy may lack it
+            self.mark_copy_behind(thread_id)
+            raise
 
     def refresh_summary(self, owner_id: str, thread_id: UUID, summary: str, through: int) -> str:
         """Carry a fold's summary into the copy, if there is one; never raises."""
