@@ -16,24 +16,53 @@ PgBouncer.
 from __future__ import annotations
 
 import asyncio
-import weakref
-from typing import Any
+import os
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 import redis.asyncio as aredis
+
+# Imported now, not on the event loop at the first call (psycopg's import takes ~0.1-0.2 s).
+import sqlalchemy.dialects.postgresql.psycopg  # noqa: F401
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+T = TypeVar("T")
 ASYNC_DRIVER = "postgresql+psycopg"
+# Connections to one Redis per loop; a caller beyond waits up to the socket timeout, then the
+# read degrades to Postgres like any Redis error. A read waiting for a turn holds one.
+ASYNC_REDIS_MAX_CONNECTIONS = 64
+# Threads publishing to the broker (kombu has no asyncio producer). Its own pool, so a stuck
+# broker never starves the loop's default executor, which resolves host names.
+PUBLISH_THREADS = 4
+_MAX_LOOPS = 32
 
-# loop -> {url: client}; a loop that is garbage-collected takes its entries with it.
-_ENGINES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, AsyncEngine]] = (
-    weakref.WeakKeyDictionary()
-)
-_REDIS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, aredis.Redis]] = (
-    weakref.WeakKeyDictionary()
-)
+
+class _PerLoop:
+    """{loop: {url: client}}. An entry of a closed loop is dropped at the next look-up (its
+    sockets close when collected): `asyncio.run()` per call must not pile up connections."""
+
+    def __init__(self) -> None:
+        self.loops: dict[asyncio.AbstractEventLoop, dict[str, Any]] = {}
+
+    def current(self) -> dict[str, Any]:
+        loop = asyncio.get_running_loop()
+        found = self.loops.get(loop)
+        if found is None:
+            for old in [old for old in self.loops if old.is_closed()]:
+                del self.loops[old]
+            while len(self.loops) >= _MAX_LOOPS:  # many live loops: forget the oldest
+                del self.loops[next(iter(self.loops))]
+            found = self.loops[loop] = {}
+        return found
+
+
+_ENGINES = _PerLoop()
+_REDIS = _PerLoop()
+_PUBLISHER: dict[int, ThreadPoolExecutor] = {}  # by pid: a forked child has no threads
 
 
 def async_database_url(url: str) -> str:
@@ -50,33 +79,29 @@ def make_async_engine(url: str) -> AsyncEngine:
         pool_recycle=1800,
         pool_size=5,
         max_overflow=10,
-        connect_args={"connect_timeout": 5, "application_name": "agent-memory"},
+        connect_args={"connect_timeout": 5, "application_name": "agent-memory-async"},
         hide_parameters=True,
     )
 
 
 def make_async_redis(url: str, *, socket_timeout: float = 2.0) -> aredis.Redis:
-    return aredis.Redis.from_url(
+    pool = aredis.BlockingConnectionPool.from_url(
         url,
+        max_connections=ASYNC_REDIS_MAX_CONNECTIONS,
+        timeout=socket_timeout,  # waiting for a free connection
         socket_connect_timeout=1.0,
         socket_timeout=socket_timeout,
         health_check_interval=30,
+        # One quick retry covers a stale pooled connection after a Redis restart.
         retry=Retry(NoBackoff(), 1),
         decode_responses=False,
     )
-
-
-def _per_loop(registry: weakref.WeakKeyDictionary[Any, dict[str, Any]]) -> dict[str, Any]:
-    loop = asyncio.get_running_loop()
-    found = registry.get(loop)
-    if found is None:
-        found = registry[loop] = {}
-    return found
+    return aredis.Redis.from_pool(pool)  # the client owns the pool: aclose() closes it
 
 
 def get_async_engine(url: str) -> AsyncEngine:
     """The running loop's engine for `url` (call from a coroutine)."""
-    engines = _per_loop(_ENGINES)
+    engines = _ENGINES.current()
     if url not in engines:
         engines[url] = make_async_engine(url)
     return engines[url]
@@ -84,18 +109,30 @@ def get_async_engine(url: str) -> AsyncEngine:
 
 def get_async_redis(url: str) -> aredis.Redis:
     """The running loop's Redis client for `url` (call from a coroutine)."""
-    clients = _per_loop(_REDIS)
+    clients = _REDIS.current()
     if url not in clients:
         clients[url] = make_async_redis(url)
     return clients[url]
 
 
-async def aclose_connections() -> None:
-    """Close every pooled asyncio connection of the running loop (created again on next use)."""
-    loop = asyncio.get_running_loop()
-    engines = _ENGINES.pop(loop, {})
-    clients = _REDIS.pop(loop, {})
-    for engine in engines.values():
-        await engine.dispose()
-    for client in clients.values():
-        await client.aclose()
+async def run_blocking(fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)` on the publish threads (a blocking broker call), awaited."""
+    pool = _PUBLISHER.get(os.getpid())
+    if pool is None:
+        _PUBLISHER.clear()
+        pool = _PUBLISHER[os.getpid()] = ThreadPoolExecutor(
+            PUBLISH_THREADS, thread_name_prefix="memory-publish"
+        )
+    return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
+
+
+async def aclose_connections(urls: Iterable[str] | None = None) -> None:
+    """Close the running loop's pooled asyncio connections (of `urls`; default: all of them).
+
+    For a shutdown: a call still in flight may fail. A later call opens new ones."""
+    wanted = None if urls is None else set(urls)
+    for registry in (_ENGINES, _REDIS):
+        clients = registry.current()
+        for url in [u for u in clients if wanted is None or u in wanted]:
+            client = clients.pop(url)
+            await (client.dispose() if isinstance(client, AsyncEngine) else client.aclose())

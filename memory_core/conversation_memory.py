@@ -144,13 +144,23 @@ class RedisConversationMemory:
         return AsyncIO(engine, client, found[1])
 
     async def aclose(self) -> None:
-        """Close the asyncio connections this memory uses on the running loop (a service's
-        shutdown). Pools are shared per loop: another memory on it reconnects on next use."""
+        """At shutdown: close the asyncio connections this memory reads and writes through on
+        the running loop — the clients passed to it, or else the loop's pools for its URLs,
+        which other memories on the loop share (they reconnect on their next call; a call in
+        flight may fail). Create one memory per service, not one per request."""
         if self._async_redis is not None:
             await self._async_redis.aclose()
         if self._async_engine is not None:
             await self._async_engine.dispose()
-        await aclose_connections()
+        shared = [
+            url
+            for url, own in (
+                (self.settings.redis_url, self._async_redis),
+                (self.settings.database_url, self._async_engine),
+            )
+            if own is None
+        ]
+        await aclose_connections(shared)
         self._async_scripts.clear()
 
     async def __aenter__(self) -> RedisConversationMemory:

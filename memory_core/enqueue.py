@@ -4,8 +4,9 @@ The snapshot is validated here, so bad input is `rejected` at once and never que
 broker cannot take the job, the turn is saved in-process instead (the same core the worker
 runs): it is never dropped, and a job that did get through as well is a harmless duplicate
 (finalize is idempotent on session_id). kombu has no asyncio producer: `aenqueue_turn` runs
-the publish — bounded by PUBLISH_TIMEOUT_S and the broker's confirm — on a worker thread, so
-the event loop never waits for the broker.
+the publish — bounded by PUBLISH_TIMEOUT_S and the broker's confirm — on the publish threads
+(`aio.run_blocking`, 4, apart from the loop's default executor), so the event loop never
+waits for the broker.
 
 The `enqueued` outcome carries the thread and session ids: hand it to
 `get_context(wait_for=outcome)` to read the thread with that turn (memory_core/read_wait.py).
@@ -13,10 +14,10 @@ The `enqueued` outcome carries the thread and session ids: hand it to
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 from typing import Any
 
+from memory_core.aio import run_blocking
 from memory_core.conversation_memory import RedisConversationMemory
 from memory_core.fold_publisher import FINALIZE_QUEUE, FINALIZE_TASK, send_by_name
 from memory_core.logs import describe_error, get_logger
@@ -62,7 +63,7 @@ async def aenqueue_turn(
         return snap
     try:
         job = _job(snap, memory, broker_url)
-        return _enqueued(snap, await asyncio.to_thread(send_by_name, *job))
+        return _enqueued(snap, await run_blocking(send_by_name, *job))
     except Exception as exc:
         _log_fallback(snap, exc)
     return await asave_session_to_thread_safe(snap, memory=memory)

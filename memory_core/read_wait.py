@@ -15,13 +15,14 @@ the wait falls back to re-checking Postgres with a growing pause (0.05 s → 1 s
 At the bound: `on_timeout="raise"` raises `TurnNotReady` (its `context` is the answer without
 the turn), `"flag"` returns that context with `missing_session_ids=[session]`. A thread that
 does not exist yet (the enqueued turn is its first) is waited for like a turn; still unknown
-at the bound, it is `ThreadNotFound`, as for any unknown thread.
+at the bound, the answer is the same with an empty context (a stranger's thread answers
+exactly so too: nothing tells the two apart).
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal, Protocol
 from uuid import UUID
 
 from memory_core.cache_state import CACHE_ERRORS, ThreadNotFound
@@ -36,8 +37,17 @@ if TYPE_CHECKING:
 log = get_logger(__name__)
 
 OnTimeout = Literal["raise", "flag"]
-# What can name the turn to wait for: an enqueue's (or save's) outcome, or a session id.
-WaitFor = Any
+
+
+class HasSessionId(Protocol):
+    """An enqueue's (or a save's) `SaveOutcome`."""
+
+    @property
+    def session_id(self) -> str | None: ...
+
+
+# What can name the turn to wait for: an outcome, or a session id.
+WaitFor = HasSessionId | UUID | str | None
 _PAUSE_MIN_S, _PAUSE_MAX_S = 0.05, 1.0
 
 
@@ -136,8 +146,8 @@ def _timed_out(
     on_timeout: OnTimeout,
 ) -> ConversationContext:
     log.info("memory.read_wait_timeout", thread_id=str(tid), session_id=str(session_id))
-    if ctx is None:
-        raise ThreadNotFound(tid)
+    if ctx is None:  # still unknown: as far as memory knows, an empty thread without the turn
+        ctx = ConversationContext(thread_id=tid, missing_session_ids=[session_id])
     if on_timeout == "flag":
         return ctx
     raise TurnNotReady(session_id, ctx, wait_s)

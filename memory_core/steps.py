@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from sqlalchemy.exc import DBAPIError
 
+from memory_core.aio import run_blocking
+
 if TYPE_CHECKING:
     import redis
     import redis.asyncio as aredis
@@ -88,7 +90,7 @@ class Delete:
 @dataclass(frozen=True, slots=True)
 class Call:
     """A blocking function with no asyncio client (kombu's publish): the async driver runs it
-    on a worker thread, so the event loop never waits for the broker."""
+    on the publish threads (`aio.run_blocking`), so the event loop never waits for the broker."""
 
     fn: Callable[..., Any]
     args: tuple[Any, ...] = ()
@@ -275,7 +277,7 @@ class AsyncIO:
         if isinstance(step, Delete):
             return await self.redis.delete(*step.keys)
         if isinstance(step, Call):
-            return await asyncio.to_thread(step.fn, *step.args)
+            return await run_blocking(step.fn, *step.args)
         if isinstance(step, Subscribe | NextMessage):
             return await self._pubsub(step)
         if isinstance(step, Sleep):
