@@ -1,18 +1,20 @@
 """The LangGraph checkpointer: same database, own schema; and forgetting a conversation's runs.
 
-`setup_checkpointer` / `postgres_checkpointer` need the `langgraph` extra; the deletion and
-counting functions are plain SQLAlchemy on the caller's connection (memory_core/purge.py runs
-them in the transaction that deletes the threads) and need no extra. Re-exported by
+`setup_checkpointer` / `postgres_checkpointer` / `async_postgres_checkpointer` need the
+`langgraph` extra; the deletion and counting functions are plain SQLAlchemy on the caller's
+connection (memory_core/purge.py runs them in the transaction that deletes the threads) and
+need no extra. Re-exported by
 `memory_core.langgraph`, where the README documents them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import re
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import Text, bindparam, text
@@ -25,6 +27,7 @@ from memory_core.settings import get_settings
 
 if TYPE_CHECKING:
     from langgraph.checkpoint.postgres import PostgresSaver
+    from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 
 log = get_logger(__name__)
 
@@ -47,6 +50,8 @@ _METADATA_INDEXES = {
     "checkpoints_memory_thread_id_idx": META_THREAD_ID,
     "checkpoints_memory_owner_id_idx": META_OWNER_ID,
 }
+_POOL_NAME = "agent-memory-checkpointer"
+_POOL_OPEN_TIMEOUT_S = 10.0
 
 
 # -- the checkpointer: same database, own schema ---------------------------------------------
@@ -142,6 +147,13 @@ def _create_metadata_indexes(conn: Any, schema: str) -> None:
         )
 
 
+def _connection_kwargs() -> dict[str, Any]:
+    """What both savers need of a pooled connection (LangGraph's own `from_conn_string`)."""
+    from psycopg.rows import dict_row
+
+    return {"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row}
+
+
 @contextmanager
 def postgres_checkpointer(
     database_url: str | None = None,
@@ -157,7 +169,7 @@ def postgres_checkpointer(
     _require_langgraph()
     from langgraph.checkpoint.postgres import PostgresSaver
     from psycopg import Connection as PgConnection
-    from psycopg.rows import DictRow, dict_row
+    from psycopg.rows import DictRow
     from psycopg_pool import ConnectionPool
 
     if setup:
@@ -166,20 +178,62 @@ def postgres_checkpointer(
         checkpointer_conninfo(database_url, schema),
         min_size=1,
         max_size=max_size,
-        kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
+        kwargs=_connection_kwargs(),
         open=False,
-        name="agent-memory-checkpointer",
+        name=_POOL_NAME,
     )
-    pool.open(wait=True, timeout=10)
+    pool.open(wait=True, timeout=_POOL_OPEN_TIMEOUT_S)
     try:
         yield PostgresSaver(cast("ConnectionPool[PgConnection[DictRow]]", pool))
     finally:
         pool.close()
 
 
+@asynccontextmanager
+async def async_postgres_checkpointer(
+    database_url: str | None = None,
+    *,
+    schema: str = CHECKPOINT_SCHEMA,
+    max_size: int = 4,
+    setup: bool = False,
+) -> AsyncIterator[AsyncPostgresSaver]:
+    """`postgres_checkpointer` for `ainvoke`/`astream`: an AsyncPostgresSaver, same schema.
+
+    The same tables, set up the same way (`agent-memory migrate`, or `setup=True`: the sync
+    `setup_checkpointer`, in a thread), never by the saver's own `setup()`. The pool belongs to
+    the running event loop: open and use it in one loop; closed on exit.
+    """
+    _require_langgraph()
+    from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+    from psycopg import AsyncConnection
+    from psycopg.rows import DictRow
+    from psycopg_pool import AsyncConnectionPool
+
+    if setup:
+        await asyncio.to_thread(setup_checkpointer, database_url, schema)
+    pool = AsyncConnectionPool(
+        checkpointer_conninfo(database_url, schema),
+        min_size=1,
+        max_size=max_size,
+        kwargs=_connection_kwargs(),
+        open=False,
+        name=_POOL_NAME,
+    )
+    await pool.open(wait=True, timeout=_POOL_OPEN_TIMEOUT_S)
+    try:
+        yield AsyncPostgresSaver(cast("AsyncConnectionPool[AsyncConnection[DictRow]]", pool))
+    finally:
+        await pool.close()
+
+
 def forget_run(checkpointer: Any, session_id: str | uuid.UUID) -> None:
     """Delete a finished run's checkpoints (the turn itself is in conversation memory)."""
     checkpointer.delete_thread(str(session_id))
+
+
+async def aforget_run(checkpointer: Any, session_id: str | uuid.UUID) -> None:
+    """`forget_run` for an AsyncPostgresSaver (its sync calls refuse its own event loop)."""
+    await checkpointer.adelete_thread(str(session_id))
 
 
 # -- forgetting a conversation's runs: plain SQLAlchemy, no extra needed ---------------------

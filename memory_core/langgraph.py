@@ -6,6 +6,10 @@ Two systems, deliberately kept apart (see README, "LangGraph"):
   it at its start (`load_conversation_context`, owner-checked), every node renders its own view
   under its own token budget (`context_view`), and the run hands its turn back at the end
   (`finalize_turn`: in-process `save_session_to_thread_safe`, or the `memory.finalize_turn` job).
+  A run whose previous turn was enqueued names it in `await_session_id`: the load waits for it
+  (read-your-writes, `on_timeout="flag"`). Every helper has an async twin for `ainvoke`
+  (`aload_conversation_context`, `make_async_load_context_node`, `afinalize_turn`,
+  `make_async_finalize_node`, `async_postgres_checkpointer`, `aforget_run`).
 - **The LangGraph checkpointer** keeps the execution state of *one run* so it can pause for a
   human and resume in another process. It lives in the same Postgres database but in its own
   schema (`langgraph`: tables checkpoints, checkpoint_blobs, checkpoint_writes,
@@ -27,17 +31,24 @@ LangGraph; the checkpointer functions need the extra: `pip install '.[langgraph]
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Literal, TypedDict
 
-from pydantic import ValidationError
-
+from memory_core import (
+    SaveOutcome,
+    aenqueue_turn,
+    asave_session_to_thread_safe,
+    enqueue_turn,
+    save_session_to_thread_safe,
+)
 from memory_core.checkpoints import (
     CHECKPOINT_SCHEMA,
     CHECKPOINT_TABLES,
     INSTALL_HINT,
     META_OWNER_ID,
     META_THREAD_ID,
+    aforget_run,
+    async_postgres_checkpointer,
     checkpoint_runs,
     checkpointer_conninfo,
     delete_owner_checkpoints,
@@ -49,17 +60,7 @@ from memory_core.checkpoints import (
 )
 from memory_core.context import ConversationContext
 from memory_core.conversation_memory import RedisConversationMemory, ThreadNotFound
-from memory_core.fold_publisher import FINALIZE_QUEUE, FINALIZE_TASK, send_by_name
-from memory_core.logs import get_logger
-from memory_core.session_handler import (
-    format_validation_error,
-    parse_snapshot,
-    save_session_to_thread_safe,
-)
-from memory_core.settings import get_settings
 from memory_core.views import DEFAULT_MAX_TOKENS, Focus, render_conversation_context
-
-log = get_logger(__name__)
 
 # The checkpointer half lives in memory_core/checkpoints.py; its names are public here too.
 __all__ = [
@@ -69,6 +70,10 @@ __all__ = [
     "META_OWNER_ID",
     "META_THREAD_ID",
     "MemoryState",
+    "afinalize_turn",
+    "aforget_run",
+    "aload_conversation_context",
+    "async_postgres_checkpointer",
     "checkpoint_runs",
     "checkpointer_conninfo",
     "context_from_state",
@@ -80,9 +85,12 @@ __all__ = [
     "forget_run",
     "langgraph_available",
     "load_conversation_context",
+    "make_async_finalize_node",
+    "make_async_load_context_node",
     "make_finalize_node",
     "make_load_context_node",
     "new_run",
+    "outcome_to_state",
     "postgres_checkpointer",
     "run_config",
     "run_config_for",
@@ -92,6 +100,8 @@ __all__ = [
 
 ConversationContextJSON = dict[str, Any]
 FinalizeMode = Literal["inprocess", "enqueue"]
+Node = Callable[[Mapping[str, Any]], dict[str, Any]]
+AsyncNode = Callable[[Mapping[str, Any]], Awaitable[dict[str, Any]]]
 
 
 class MemoryState(TypedDict, total=False):
@@ -104,6 +114,9 @@ class MemoryState(TypedDict, total=False):
     user_query: str
     conversation_context: ConversationContextJSON
     memory_outcome: dict[str, Any]  # what finalize reported
+    # The previous run's turn when it was enqueued (its memory_outcome["session_id"]): the load
+    # waits for it to land (MEMORY_READ_WAIT_S), then flags it in missing_session_ids if not.
+    await_session_id: str
 
 
 # -- conversation memory in the state --------------------------------------------------------
@@ -116,15 +129,22 @@ def new_run(
     *,
     agent_type: Literal["chat", "copilot"] = "chat",
     session_id: str | uuid.UUID | None = None,
+    await_session_id: str | uuid.UUID | None = None,
 ) -> MemoryState:
-    """The input of a run: one user query in a conversation thread, with a fresh session id."""
-    return MemoryState(
+    """The input of a run: one user query in a conversation thread, with a fresh session id.
+
+    `await_session_id`: the previous run's enqueued turn, which this run's load waits for.
+    """
+    state = MemoryState(
         thread_id=str(uuid.UUID(str(thread_id))),
         owner_id=owner_id,
         agent_type=agent_type,
         session_id=str(session_id or uuid.uuid4()),
         user_query=user_query,
     )
+    if await_session_id is not None:
+        state["await_session_id"] = str(uuid.UUID(str(await_session_id)))
+    return state
 
 
 def run_config(
@@ -180,6 +200,20 @@ def context_from_state(state: Mapping[str, Any]) -> ConversationContext:
     return ConversationContext.model_validate(raw)
 
 
+def _read_args(state: Mapping[str, Any]) -> tuple[uuid.UUID, str, dict[str, Any]]:
+    """(thread, owner, the read-your-writes options) of a run's memory read."""
+    awaited = state.get("await_session_id")
+    wait = {"wait_for": str(awaited), "on_timeout": "flag"} if awaited else {}
+    return uuid.UUID(str(state["thread_id"])), str(state["owner_id"]), wait
+
+
+def _unknown_thread(state: Mapping[str, Any], tid: uuid.UUID) -> ConversationContext:
+    """An empty context; the awaited turn, if any, is certainly not in memory yet."""
+    awaited = state.get("await_session_id")
+    missing = [uuid.UUID(str(awaited))] if awaited else []
+    return ConversationContext(thread_id=tid, missing_session_ids=missing)
+
+
 def load_conversation_context(
     state: Mapping[str, Any], memory: RedisConversationMemory | None = None
 ) -> dict[str, Any]:
@@ -187,24 +221,44 @@ def load_conversation_context(
 
     A thread with no turns yet (the first run of a conversation) gets an empty context. So
     does a thread owned by someone else: memory never tells the two apart (the same
-    `ThreadNotFound`), so nothing leaks, and that run's finalize is rejected.
+    `ThreadNotFound`), so nothing leaks, and that run's finalize is rejected. With an
+    `await_session_id` in the state the read waits for that turn; if it has not landed in
+    time, the context lists it in `missing_session_ids` instead of failing the run.
     """
-    thread_id = uuid.UUID(str(state["thread_id"]))
-    memory = memory or RedisConversationMemory()
+    tid, owner, wait = _read_args(state)
     try:
-        ctx = memory.get_context(thread_id, str(state["owner_id"]))
+        ctx = (memory or RedisConversationMemory()).get_context(tid, owner, **wait)
     except ThreadNotFound:
-        ctx = ConversationContext(thread_id=thread_id)
+        ctx = _unknown_thread(state, tid)
     return {"conversation_context": context_to_state(ctx)}
 
 
-def make_load_context_node(
-    memory: RedisConversationMemory | None = None,
-) -> Callable[[Mapping[str, Any]], dict[str, Any]]:
+async def aload_conversation_context(
+    state: Mapping[str, Any], memory: RedisConversationMemory | None = None
+) -> dict[str, Any]:
+    """`load_conversation_context` with `aget_context` (for `ainvoke`/`astream`)."""
+    tid, owner, wait = _read_args(state)
+    try:
+        ctx = await (memory or RedisConversationMemory()).aget_context(tid, owner, **wait)
+    except ThreadNotFound:
+        ctx = _unknown_thread(state, tid)
+    return {"conversation_context": context_to_state(ctx)}
+
+
+def make_load_context_node(memory: RedisConversationMemory | None = None) -> Node:
     """A graph node that loads the conversation context (add it right after START)."""
 
     def load_context(state: Mapping[str, Any]) -> dict[str, Any]:
         return load_conversation_context(state, memory)
+
+    return load_context
+
+
+def make_async_load_context_node(memory: RedisConversationMemory | None = None) -> AsyncNode:
+    """`make_load_context_node` for async graphs: the node awaits `aget_context`."""
+
+    async def load_context(state: Mapping[str, Any]) -> dict[str, Any]:
+        return await aload_conversation_context(state, memory)
 
     return load_context
 
@@ -231,6 +285,29 @@ def snapshot_from_state(state: Mapping[str, Any], **turn: Any) -> dict[str, Any]
     return {**base, **turn}
 
 
+def outcome_to_state(outcome: SaveOutcome, mode: FinalizeMode) -> dict[str, Any]:
+    """A finalize's SaveOutcome as the JSON dict for `memory_outcome`.
+
+    `mode` says how the turn was handled: `enqueue` when it was queued (or refused before
+    anything was sent), `inprocess` when it was saved here, the broker-down fallback included.
+    Every shape names the turn (`session_id`, `thread_id`): after an enqueue, the next run
+    passes `session_id` as its `await_session_id`.
+    """
+    ids = {"session_id": outcome.session_id, "thread_id": outcome.thread_id}
+    if outcome.status == "enqueued":
+        return {"status": "enqueued", "mode": "enqueue", "task_id": outcome.task_id, **ids}
+    if outcome.status == "rejected" and mode == "enqueue" and outcome.thread_id is None:
+        return {"status": "rejected", "mode": "enqueue", "reason": outcome.reason, **ids}
+    return {
+        "status": outcome.status,
+        "mode": "inprocess",
+        "seq": outcome.seq,
+        "reason": outcome.reason,
+        "retryable": outcome.retryable,
+        **ids,
+    }
+
+
 def finalize_turn(
     snapshot: Mapping[str, Any],
     *,
@@ -240,32 +317,33 @@ def finalize_turn(
 ) -> dict[str, Any]:
     """Hand the run's turn to memory; returns a JSON dict for the state (`memory_outcome`).
 
-    `inprocess` runs `save_session_to_thread_safe`. `enqueue` validates the snapshot here
-    (bad input is `rejected` at once, never queued) and sends `memory.finalize_turn` by name;
-    if the broker is unreachable it saves in-process instead: the turn is never dropped, and
-    a job that did get through as well is a harmless duplicate (idempotent on session_id).
-    A node that finalizes may be re-run by LangGraph after a crash: same session, same result.
+    `inprocess` runs `save_session_to_thread_safe`. `enqueue` runs `enqueue_turn`: the
+    snapshot is validated here (bad input is `rejected` at once, never queued) and sent as the
+    `memory.finalize_turn` job; if the broker is unreachable it is saved in-process instead:
+    the turn is never dropped, and a job that did get through as well is a harmless duplicate
+    (idempotent on session_id). A node that finalizes may be re-run by LangGraph after a
+    crash: same session, same result.
     """
     if mode == "enqueue":
-        try:
-            payload = parse_snapshot(snapshot).model_dump(mode="json")
-        except ValidationError as exc:
-            return {"status": "rejected", "mode": mode, "reason": format_validation_error(exc)}
-        broker = broker_url or (memory.settings if memory else get_settings()).celery_broker_url
-        try:
-            task_id = send_by_name(FINALIZE_TASK, [payload], FINALIZE_QUEUE, broker)
-        except Exception as exc:  # any broker/transport error: fall back to the same core
-            log.warning("memory.finalize_enqueue_failed", error=repr(exc))
-        else:
-            return {"status": "enqueued", "mode": mode, "task_id": task_id}
-    outcome = save_session_to_thread_safe(snapshot, memory=memory)
-    return {
-        "status": outcome.status,
-        "mode": "inprocess",
-        "seq": outcome.seq,
-        "reason": outcome.reason,
-        "retryable": outcome.retryable,
-    }
+        outcome = enqueue_turn(snapshot, memory=memory, broker_url=broker_url)
+    else:
+        outcome = save_session_to_thread_safe(snapshot, memory=memory)
+    return outcome_to_state(outcome, mode)
+
+
+async def afinalize_turn(
+    snapshot: Mapping[str, Any],
+    *,
+    mode: FinalizeMode = "inprocess",
+    memory: RedisConversationMemory | None = None,
+    broker_url: str | None = None,
+) -> dict[str, Any]:
+    """`finalize_turn` for async graphs: `asave_session_to_thread_safe` or `aenqueue_turn`."""
+    if mode == "enqueue":
+        outcome = await aenqueue_turn(snapshot, memory=memory, broker_url=broker_url)
+    else:
+        outcome = await asave_session_to_thread_safe(snapshot, memory=memory)
+    return outcome_to_state(outcome, mode)
 
 
 def make_finalize_node(
@@ -273,11 +351,26 @@ def make_finalize_node(
     *,
     mode: FinalizeMode = "inprocess",
     memory: RedisConversationMemory | None = None,
-) -> Callable[[Mapping[str, Any]], dict[str, Any]]:
+) -> Node:
     """A graph node that finalizes the run's turn; `build_turn(state)` gives answer, sql, ..."""
 
     def finalize(state: Mapping[str, Any]) -> dict[str, Any]:
         snapshot = snapshot_from_state(state, **build_turn(state))
         return {"memory_outcome": finalize_turn(snapshot, mode=mode, memory=memory)}
+
+    return finalize
+
+
+def make_async_finalize_node(
+    build_turn: Callable[[Mapping[str, Any]], Mapping[str, Any]],
+    *,
+    mode: FinalizeMode = "inprocess",
+    memory: RedisConversationMemory | None = None,
+) -> AsyncNode:
+    """`make_finalize_node` for async graphs (`build_turn` stays a plain function)."""
+
+    async def finalize(state: Mapping[str, Any]) -> dict[str, Any]:
+        snapshot = snapshot_from_state(state, **build_turn(state))
+        return {"memory_outcome": await afinalize_turn(snapshot, mode=mode, memory=memory)}
 
     return finalize

@@ -202,6 +202,32 @@ def test_finalize_enqueue_runs_on_a_worker(start_worker: Callable[..., WorkerPro
     wait_for(lambda: turns(tid), 30, "the enqueued turn to land", worker.log)
 
 
+def test_sync_load_waits_for_the_awaited_turn_or_flags_it(
+    start_worker: Callable[..., WorkerProcess],
+) -> None:
+    tid, owner = str(uuid.uuid4()), f"lg-{uuid.uuid4().hex[:6]}"
+    snap = make_snapshot(tid, 1, owner_id=owner)
+    sent = finalize_turn(snap, mode="enqueue")
+    assert (sent["status"], sent["mode"]) == ("enqueued", "enqueue")
+    assert (sent["session_id"], sent["thread_id"]) == (snap["session_id"], tid)
+    start_worker(
+        queues="memory.finalize", concurrency=1, env={"MEMORY_WORKER_SOFT_SHUTDOWN_S": "1"}
+    )
+    state = dict(new_run(tid, owner, "next", await_session_id=sent["session_id"]))
+    patient = get_settings().model_copy(update={"memory_read_wait_s": 60})
+    ctx = load_conversation_context(state, RedisConversationMemory(settings=patient))
+    assert [t["seq"] for t in ctx["conversation_context"]["recent"]] == [1]
+    assert ctx["conversation_context"]["missing_session_ids"] == []
+    # A turn that never comes: the run goes on with what there is, the turn flagged missing.
+    never = str(uuid.uuid4())
+    brief = get_settings().model_copy(update={"memory_read_wait_s": 0.2})
+    flagged = load_conversation_context(
+        {**state, "await_session_id": never}, RedisConversationMemory(settings=brief)
+    )
+    assert [t["seq"] for t in flagged["conversation_context"]["recent"]] == [1]
+    assert flagged["conversation_context"]["missing_session_ids"] == [never]
+
+
 def test_pause_here_resume_in_another_process(checkpointer: Any) -> None:
     tid, owner = str(uuid.uuid4()), f"lg-{uuid.uuid4().hex[:6]}"
     inp = new_run(tid, owner, Q1)

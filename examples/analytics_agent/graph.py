@@ -10,15 +10,21 @@
   checkpointer (Postgres, schema `langgraph`) lets another process resume it. SQL that memory
   shows already ran in an earlier turn of the thread is not asked about again.
 - `finalize` hands the turn to conversation memory (in-process save, or the
-  `memory.finalize_turn` job), so the next run of the thread sees it.
+  `memory.finalize_turn` job), so the next run of the thread sees it. A run after an enqueued
+  turn names it (`await_session_id`) and its `load_context` waits for it.
+
+`build(checkpointer, use_async=True)` makes `load_context` and `finalize` coroutines
+(`aget_context`, `asave_session_to_thread_safe` / `aenqueue_turn`) for `ainvoke`/`astream` with
+an AsyncPostgresSaver; the other nodes are the same functions (LangGraph runs them in threads).
 
 Every node appends human-readable lines to `trace`; the runner prints them as the run goes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any
 
 from langgraph.graph import END, START, StateGraph
@@ -31,6 +37,8 @@ from memory_core import RedisConversationMemory
 from memory_core.langgraph import (
     FinalizeMode,
     MemoryState,
+    afinalize_turn,
+    aload_conversation_context,
     context_from_state,
     context_view,
     finalize_turn,
@@ -54,7 +62,7 @@ class AgentState(MemoryState, total=False):
     trace: Annotated[list[str], operator.add]
 
 
-Node = Callable[[AgentState], dict[str, Any]]
+Node = Callable[[AgentState], Any]  # returns the update, or (async nodes) a coroutine of it
 
 
 def _view(state: AgentState, focus: str) -> tuple[str, str]:
@@ -81,16 +89,17 @@ class AnalyticsAgent:
         self.finalize_mode = finalize_mode
         self.use_llm = settings.llm_configured if use_llm is None else use_llm
 
-    def build(self, checkpointer: Any) -> Any:
+    def build(self, checkpointer: Any, *, use_async: bool = False) -> Any:
+        """The compiled graph; `use_async`: memory nodes as coroutines (run it with ainvoke)."""
         g = StateGraph(AgentState)
         nodes: dict[str, Node] = {
-            "load_context": self.load_context,
+            "load_context": self.aload_context if use_async else self.load_context,
             "intent": self.intent,
             "write_sql": self.write_sql,
             "approve": self.approve,
             "run_query": self.run_query,
             "visualize": self.visualize,
-            "finalize": self.finalize,
+            "finalize": self.afinalize if use_async else self.finalize,
         }
         for name, fn in nodes.items():
             g.add_node(name, fn)  # type: ignore[call-overload]
@@ -106,16 +115,17 @@ class AnalyticsAgent:
     # -- nodes -----------------------------------------------------------------------------
 
     def load_context(self, state: AgentState) -> dict[str, Any]:
-        meta_key, _ = self.memory.copy.keys(state["thread_id"])
-        cached = bool(self.memory.redis.exists(meta_key))
-        update = load_conversation_context(state, self.memory)
-        ctx = context_from_state(update)
-        if not ctx.recent and not ctx.summary:
-            where = "no earlier turns: a new conversation"
-        else:
-            source = "the Redis working copy" if cached else "Postgres (no Redis copy: rehydrated)"
-            where = f"{len(ctx.recent)} earlier turn(s), read from {source}"
-        return {**update, "trace": [f"memory of thread {state['thread_id'][:8]}: {where}"]}
+        cached = self._cached(state["thread_id"])
+        return _loaded(state, load_conversation_context(state, self.memory), cached)
+
+    async def aload_context(self, state: AgentState) -> dict[str, Any]:
+        cached = await asyncio.to_thread(self._cached, state["thread_id"])
+        return _loaded(state, await aload_conversation_context(state, self.memory), cached)
+
+    def _cached(self, thread_id: str) -> bool:
+        """Whether the thread has a Redis working copy (for the transcript only)."""
+        meta_key, _ = self.memory.copy.keys(thread_id)
+        return bool(self.memory.redis.exists(meta_key))
 
     def intent(self, state: AgentState) -> dict[str, Any]:
         view, size = _view(state, "brief")
@@ -185,24 +195,54 @@ class AnalyticsAgent:
         return {"visualization": viz, "answer": answer, "trace": [line]}
 
     def finalize(self, state: AgentState) -> dict[str, Any]:
-        ran = bool(state.get("result"))
-        viz = state.get("visualization")
-        snapshot = snapshot_from_state(
-            state,
-            answer=state.get("answer", ""),
-            sql=[state["sql"]] if ran else [],  # memory only ever holds SQL that ran
-            visualizations=[viz] if viz else [],
-            response_payload={
-                "answer": state.get("answer", ""),
-                "result": state.get("result") or {},
-                "visualization": viz,
-                "approval": state.get("approval"),
-            },
-        )
-        outcome = finalize_turn(snapshot, mode=self.finalize_mode, memory=self.memory)
-        seq = f" as turn #{outcome['seq']}" if outcome.get("seq") else ""
-        line = f"turn {outcome['status']}{seq} ({outcome['mode']}, session {state['session_id']})"
-        return {"memory_outcome": outcome, "trace": [line]}
+        outcome = finalize_turn(_turn(state), mode=self.finalize_mode, memory=self.memory)
+        return _finalized(state, outcome)
+
+    async def afinalize(self, state: AgentState) -> dict[str, Any]:
+        outcome = await afinalize_turn(_turn(state), mode=self.finalize_mode, memory=self.memory)
+        return _finalized(state, outcome)
+
+
+def _loaded(state: AgentState, update: dict[str, Any], cached: bool) -> dict[str, Any]:
+    """load_context's update with its transcript line."""
+    ctx = context_from_state(update)
+    if not ctx.recent and not ctx.summary:
+        where = "no earlier turns: a new conversation"
+    else:
+        source = "the Redis working copy" if cached else "Postgres (no Redis copy: rehydrated)"
+        where = f"{len(ctx.recent)} earlier turn(s), read from {source}"
+    trace = [f"memory of thread {state['thread_id'][:8]}: {where}"]
+    awaited = state.get("await_session_id")
+    if awaited:
+        missing = bool(ctx.missing_session_ids)
+        found = "NOT in memory yet (timed out; the run goes on)" if missing else "in memory"
+        trace.append(f"waited for the previous turn (session {awaited[:8]}): {found}")
+    return {**update, "trace": trace}
+
+
+def _turn(state: AgentState) -> dict[str, Any]:
+    """The run's turn snapshot for finalize."""
+    ran = bool(state.get("result"))
+    viz = state.get("visualization")
+    return snapshot_from_state(
+        state,
+        answer=state.get("answer", ""),
+        sql=[state["sql"]] if ran else [],  # memory only ever holds SQL that ran
+        visualizations=[viz] if viz else [],
+        response_payload={
+            "answer": state.get("answer", ""),
+            "result": state.get("result") or {},
+            "visualization": viz,
+            "approval": state.get("approval"),
+        },
+    )
+
+
+def _finalized(state: AgentState, outcome: Mapping[str, Any]) -> dict[str, Any]:
+    """finalize's update with its transcript line."""
+    seq = f" as turn #{outcome['seq']}" if outcome.get("seq") else ""
+    line = f"turn {outcome['status']}{seq} ({outcome['mode']}, session {state['session_id']})"
+    return {"memory_outcome": dict(outcome), "trace": [line]}
 
 
 def _after_approval(state: AgentState) -> str:

@@ -8,7 +8,10 @@
    memory is rehydrated from Postgres and the visualizer builds a column chart of the region
    query.
 
-Each run finalizes its turn into conversation memory.
+Each run finalizes its turn into conversation memory. `--async` plays the same conversation
+with the async graph (same transcript); `--finalize enqueue` hands each turn to a worker (one
+must be running: `agent-memory worker`), and each next run waits for the previous turn
+(`--await-session`) before it reads memory.
 """
 
 from __future__ import annotations
@@ -23,16 +26,18 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from examples.analytics_agent.dataset import SCHEMA, ensure_dataset
-from examples.analytics_agent.runner import PAUSED
+from examples.analytics_agent.runner import PAUSED, Mode
 from memory_core import RedisConversationMemory
 from memory_core.db import get_engine
 from memory_core.devservices import DevServices, ensure_services
-from memory_core.langgraph import CHECKPOINT_SCHEMA, setup_checkpointer
+from memory_core.devservices.poll import WaitTimeout, wait_for
+from memory_core.langgraph import CHECKPOINT_SCHEMA, FinalizeMode, setup_checkpointer
 from memory_core.migrate import upgrade
 from memory_core.redis_client import make_redis
 from memory_core.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
+TURN_WAIT_S = 60  # enqueue mode: how long the driver waits for a worker to save a turn
 QUESTIONS = (
     "What was total revenue in 2025, excluding returns?",
     "now break that down by region",
@@ -55,7 +60,7 @@ def _step(env: dict[str, str], *args: str, expect: int) -> None:
         raise ScriptError(f"step {' '.join(args[:1])} exited {code}, expected {expect}")
 
 
-def _prepare(settings: Settings) -> None:
+def _prepare(settings: Settings, mode: Mode) -> None:
     engine = get_engine(settings.database_url)
     upgrade(settings.database_url)
     setup_checkpointer(settings.database_url)
@@ -72,6 +77,10 @@ def _prepare(settings: Settings) -> None:
         else "planner: deterministic, reading the node views (set OPENAI_BASE_URL/_API_KEY "
         "to let an LLM write the SQL)"
     )
+    graph = (
+        "async: astream, AsyncPostgresSaver" if mode.use_async else "sync: stream, PostgresSaver"
+    )
+    print(f"graph: {graph}; finalize: {mode.finalize}")
 
 
 def _checkpoint_rows(settings: Settings, session: str) -> int:
@@ -80,10 +89,15 @@ def _checkpoint_rows(settings: Settings, session: str) -> int:
         return int(conn.execute(query, {"s": session}).scalar_one())
 
 
-def _run(env: dict[str, str], n: int, common: list[str], pause: bool, s: Settings) -> None:
+def _run(
+    env: dict[str, str], n: int, common: list[str], pause: bool, s: Settings, *, after: str | None
+) -> str:
+    """Run `n` (paused and resumed when `pause`); its session. `after`: the turn to wait for."""
     session = str(uuid.uuid4())
     label = f"run {n}"
     start = [*common, "start", "--session", session, "--query", QUESTIONS[n - 1]]
+    if after:
+        start += ["--await-session", after]
     _step(env, *start, "--label", label, expect=PAUSED if pause else 0)
     if pause:
         rows = _checkpoint_rows(s, session)
@@ -92,8 +106,24 @@ def _run(env: dict[str, str], n: int, common: list[str], pause: bool, s: Setting
             f"{CHECKPOINT_SCHEMA}.checkpoints; resuming it in a new process, approved.",
             flush=True,
         )
-        resume = ["resume", "--session", session, "--by", "analyst (scripted approval)"]
+        resume = [*common, "resume", "--session", session, "--by", "analyst (scripted approval)"]
         _step(env, *resume, "--label", label, expect=0)
+    return session
+
+
+def _landed(settings: Settings, session: str) -> None:
+    """Enqueue mode: wait until a worker has saved the turn of `session`."""
+    print(f"\n[driver] waiting for a worker to save the turn of session {session[:8]}", flush=True)
+    query = text("SELECT seq FROM thread_messages WHERE session_id = :s")
+
+    def saved() -> bool:
+        with get_engine(settings.database_url).connect() as conn:
+            return conn.execute(query, {"s": session}).first() is not None
+
+    try:
+        wait_for(saved, TURN_WAIT_S, f"the turn of session {session} (is a worker running?)")
+    except WaitTimeout as exc:
+        raise ScriptError(str(exc)) from None
 
 
 def _recap(settings: Settings, thread_id: str, owner: str) -> None:
@@ -115,7 +145,14 @@ def _recap(settings: Settings, thread_id: str, owner: str) -> None:
     print(f"\nnext: agent-memory context {thread_id} --owner {owner} --focus visualizations")
 
 
-def play(thread_id: str | None = None, owner: str = "analyst-7") -> int:
+def play(
+    thread_id: str | None = None,
+    owner: str = "analyst-7",
+    *,
+    use_async: bool = False,
+    finalize: FinalizeMode = "inprocess",
+) -> int:
+    mode = Mode(use_async=use_async, finalize=finalize)
     base = Settings()
     data_dir = REPO / ".agent-memory" / "example"
     services: DevServices = ensure_services(base.database_url, base.redis_url, data_dir)
@@ -130,18 +167,9 @@ def play(thread_id: str | None = None, owner: str = "analyst-7") -> int:
         for line in [*services.started, *services.notes]:
             print(line)
         print(f"PostgreSQL {_safe(s.database_url)}, Redis {_safe(s.redis_url)}")
-        _prepare(s)
+        _prepare(s, mode)
         print(f"thread {thread}, owner {owner}", flush=True)
-        common = ["--thread", thread, "--owner", owner]
-        _run(env, 1, common, True, s)
-        _run(env, 2, common, True, s)
-        RedisConversationMemory(make_redis(s.redis_url), settings=s).invalidate(thread)
-        print(
-            f"\n[driver] deleted the Redis working copy of thread {thread[:8]} "
-            "(as if its 24 h TTL had expired)",
-            flush=True,
-        )
-        _run(env, 3, common, False, s)
+        _play_runs(env, s, thread, owner, mode)
         _recap(s, thread, owner)
     except ScriptError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -149,3 +177,24 @@ def play(thread_id: str | None = None, owner: str = "analyst-7") -> int:
     finally:
         services.stop()
     return 0
+
+
+def _play_runs(env: dict[str, str], s: Settings, thread: str, owner: str, mode: Mode) -> None:
+    """The three runs; with enqueue, each next run waits for the previous run's turn."""
+    common = ["--thread", thread, "--owner", owner, "--finalize", mode.finalize]
+    if mode.use_async:
+        common.append("--async")
+    enqueue = mode.finalize == "enqueue"
+    first = _run(env, 1, common, True, s, after=None)
+    second = _run(env, 2, common, True, s, after=first if enqueue else None)
+    if enqueue:  # deleting the copy stands for its TTL: the turn is in memory by then
+        _landed(s, second)
+    RedisConversationMemory(make_redis(s.redis_url), settings=s).invalidate(thread)
+    print(
+        f"\n[driver] deleted the Redis working copy of thread {thread[:8]} "
+        "(as if its 24 h TTL had expired)",
+        flush=True,
+    )
+    third = _run(env, 3, common, False, s, after=second if enqueue else None)
+    if enqueue:
+        _landed(s, third)
