@@ -62,6 +62,7 @@ class _PerLoop:
 
 _ENGINES = _PerLoop()
 _REDIS = _PerLoop()
+_WAITS = _PerLoop()
 _PUBLISHER: dict[int, ThreadPoolExecutor] = {}  # by pid: a forked child has no threads
 
 
@@ -115,6 +116,15 @@ def get_async_redis(url: str) -> aredis.Redis:
     return clients[url]
 
 
+def get_async_waits_redis(url: str) -> aredis.Redis:
+    """The running loop's client for subscriptions (reads waiting for a turn), with a pool of
+    its own: a crowd of waiting reads never takes the connections other calls need."""
+    clients = _WAITS.current()
+    if url not in clients:
+        clients[url] = make_async_redis(url)
+    return clients[url]
+
+
 async def run_blocking(fn: Callable[..., T], *args: Any) -> T:
     """`fn(*args)` on the publish threads (a blocking broker call), awaited."""
     pool = _PUBLISHER.get(os.getpid())
@@ -131,7 +141,7 @@ async def aclose_connections(urls: Iterable[str] | None = None) -> None:
 
     For a shutdown: a call still in flight may fail. A later call opens new ones."""
     wanted = None if urls is None else set(urls)
-    for registry in (_ENGINES, _REDIS):
+    for registry in (_ENGINES, _REDIS, _WAITS):
         clients = registry.current()
         for url in [u for u in clients if wanted is None or u in wanted]:
             client = clients.pop(url)

@@ -18,7 +18,12 @@ from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.orm import Session
 
-from memory_core.aio import aclose_connections, get_async_engine, get_async_redis
+from memory_core.aio import (
+    aclose_connections,
+    get_async_engine,
+    get_async_redis,
+    get_async_waits_redis,
+)
 from memory_core.cache_state import (
     CACHE_ERRORS,
     COPIES_BEHIND,
@@ -141,7 +146,8 @@ class RedisConversationMemory:
                 self._async_scripts.clear()
             scripts = {name: client.register_script(src) for name, src in SCRIPT_SOURCES.items()}
             found = self._async_scripts[id(client)] = (client, scripts)
-        return AsyncIO(engine, client, found[1])
+        waits = client if self._async_redis else get_async_waits_redis(self.settings.redis_url)
+        return AsyncIO(engine, client, found[1], waits)
 
     async def aclose(self) -> None:
         """At shutdown: close the asyncio connections this memory reads and writes through on

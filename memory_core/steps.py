@@ -96,9 +96,14 @@ class Call:
     args: tuple[Any, ...] = ()
 
 
+# A subscription counts once Redis confirmed it: a write after that is never missed.
+SUBSCRIBE_TIMEOUT_S = 2.0
+
+
 @dataclass(frozen=True, slots=True)
 class Subscribe:
-    """Subscribe to a pub/sub channel (for the rest of the run)."""
+    """Subscribe to a pub/sub channel (for the rest of the run); returns once Redis confirmed
+    it, so no message published after the step returned can be missed."""
 
     channel: str
 
@@ -210,15 +215,20 @@ class SyncIO:
 
     def _pubsub(self, step: Subscribe | NextMessage) -> bool:
         if isinstance(step, Subscribe):
-            self.pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+            self.pubsub = self.redis.pubsub()
             self.pubsub.subscribe(step.channel)
-            return True
-        pubsub = _required(self.pubsub, "NextMessage before Subscribe")
-        end = time.monotonic() + step.timeout
+            return self._next(self.pubsub, SUBSCRIBE_TIMEOUT_S, b"subscribe")
+        return self._next(_required(self.pubsub, "NextMessage before Subscribe"), step.timeout)
+
+    @staticmethod
+    def _next(pubsub: PubSub, timeout: float, kind: bytes = b"message") -> bool:
+        end = time.monotonic() + timeout
         while (left := end - time.monotonic()) > 0:
-            # Returns None early for the subscription's own confirmation: wait again.
-            if pubsub.get_message(timeout=left) is not None:
+            message = pubsub.get_message(timeout=left)
+            if message is not None and message["type"] in (kind, kind.decode()):
                 return True
+        if kind == b"subscribe":
+            raise TimeoutError("no subscription confirmation")  # an OSError: a Redis failure
         return False
 
     def release(self) -> None:
@@ -263,6 +273,7 @@ class AsyncIO:
     engine: AsyncEngine
     redis: aredis.Redis
     scripts: Mapping[str, Any]
+    waits: aredis.Redis  # subscriptions: a pool of their own, so waits never starve reads
     conn: AsyncConnection | None = None
     pubsub: AsyncPubSub | None = field(default=None, repr=False)
 
@@ -303,14 +314,21 @@ class AsyncIO:
 
     async def _pubsub(self, step: Subscribe | NextMessage) -> bool:
         if isinstance(step, Subscribe):
-            self.pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+            self.pubsub = self.waits.pubsub()
             await self.pubsub.subscribe(step.channel)
-            return True
-        apubsub = _required(self.pubsub, "NextMessage before Subscribe")
-        end = time.monotonic() + step.timeout
+            return await self._next(self.pubsub, SUBSCRIBE_TIMEOUT_S, b"subscribe")
+        pubsub = _required(self.pubsub, "NextMessage before Subscribe")
+        return await self._next(pubsub, step.timeout)
+
+    @staticmethod
+    async def _next(pubsub: AsyncPubSub, timeout: float, kind: bytes = b"message") -> bool:
+        end = time.monotonic() + timeout
         while (left := end - time.monotonic()) > 0:
-            if await apubsub.get_message(timeout=left) is not None:
+            message = await pubsub.get_message(timeout=left)
+            if message is not None and message["type"] in (kind, kind.decode()):
                 return True
+        if kind == b"subscribe":
+            raise TimeoutError("no subscription confirmation")
         return False
 
     async def release(self) -> None:
