@@ -218,11 +218,14 @@ class TcpProxy:
         except OSError:
             pass
         finally:
-            for w in (writer, upstream):
-                if w is not None:
-                    w.close()
-                    with contextlib.suppress(Exception):
-                        await w.wait_closed()
+            # Close both before awaiting either: a second cancellation mid-wait must not
+            # leave one open (an unclosed StreamWriter warns when collected, in any test).
+            writers = [w for w in (writer, upstream) if w is not None]
+            for w in writers:
+                w.close()
+            for w in writers:
+                with contextlib.suppress(Exception, asyncio.CancelledError):
+                    await w.wait_closed()
 
     async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(OSError):
