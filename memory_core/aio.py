@@ -20,6 +20,7 @@ import os
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 import redis.asyncio as aredis
 
@@ -98,6 +99,21 @@ def make_async_redis(url: str, *, socket_timeout: float = 2.0) -> aredis.Redis:
         decode_responses=False,
     )
     return aredis.Redis.from_pool(pool)  # the client owns the pool: aclose() closes it
+
+
+def redis_url_of(client: Any) -> str:
+    """The URL of the server a blocking redis-py client talks to (host or socket, database,
+    credentials, TLS), so the asyncio side of a memory reaches the same Redis."""
+    pool = client.connection_pool
+    kw = pool.connection_kwargs
+    user, password = kw.get("username") or "", kw.get("password") or ""
+    auth = f"{quote(user, safe='')}:{quote(password, safe='')}@" if user or password else ""
+    if kw.get("path"):
+        return f"unix://{auth}{kw['path']}?db={kw.get('db', 0)}"
+    scheme = "rediss" if "SSL" in pool.connection_class.__name__ else "redis"
+    return (
+        f"{scheme}://{auth}{kw.get('host', 'localhost')}:{kw.get('port', 6379)}/{kw.get('db', 0)}"
+    )
 
 
 def get_async_engine(url: str) -> AsyncEngine:

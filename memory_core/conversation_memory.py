@@ -23,6 +23,7 @@ from memory_core.aio import (
     get_async_engine,
     get_async_redis,
     get_async_waits_redis,
+    redis_url_of,
 )
 from memory_core.cache_state import (
     CACHE_ERRORS,
@@ -111,6 +112,11 @@ class RedisConversationMemory:
         self.engine = engine if engine is not None else get_engine(s.database_url)
         self._async_redis = async_redis
         self._async_engine = async_engine
+        # The asyncio side reaches the same servers as the blocking clients, given or not.
+        self._async_redis_url = s.redis_url if redis_client is None else redis_url_of(self.redis)
+        self._async_database_url = (
+            s.database_url if engine is None else engine.url.render_as_string(hide_password=False)
+        )
         self._async_scripts: dict[int, tuple[aredis.Redis, dict[str, Any]]] = {}
         # Parsed contexts by copy version: a hit on an unchanged copy skips re-validation.
         # Bounded in entries and in bytes (of the copies' stored JSON).
@@ -138,15 +144,15 @@ class RedisConversationMemory:
 
     def async_io(self) -> AsyncIO:
         """The asyncio clients of the running loop (call from a coroutine)."""
-        client = self._async_redis or get_async_redis(self.settings.redis_url)
-        engine = self._async_engine or get_async_engine(self.settings.database_url)
+        client = self._async_redis or get_async_redis(self._async_redis_url)
+        engine = self._async_engine or get_async_engine(self._async_database_url)
         found = self._async_scripts.get(id(client))
         if found is None or found[0] is not client:
             if len(self._async_scripts) > 8:  # one per loop in practice; never unbounded
                 self._async_scripts.clear()
             scripts = {name: client.register_script(src) for name, src in SCRIPT_SOURCES.items()}
             found = self._async_scripts[id(client)] = (client, scripts)
-        waits = client if self._async_redis else get_async_waits_redis(self.settings.redis_url)
+        waits = client if self._async_redis else get_async_waits_redis(self._async_redis_url)
         return AsyncIO(engine, client, found[1], waits)
 
     async def aclose(self) -> None:
@@ -161,8 +167,8 @@ class RedisConversationMemory:
         shared = [
             url
             for url, own in (
-                (self.settings.redis_url, self._async_redis),
-                (self.settings.database_url, self._async_engine),
+                (self._async_redis_url, self._async_redis),
+                (self._async_database_url, self._async_engine),
             )
             if own is None
         ]
