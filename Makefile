@@ -9,7 +9,7 @@ comma := ,
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 PYTEST_ARGS ?=
 
-.PHONY: venv test lint demo
+.PHONY: venv test lint demo bench-env
 
 venv: $(STAMP)
 
@@ -29,3 +29,18 @@ lint: venv
 
 demo: venv
 	$(BIN)/agent-memory demo
+
+# The async benchmark's peers (OpenAI Agents SDK sessions) in an environment of their own:
+# openai-agents is never a dependency of the product. `.venv-bench/bin/agent-memory bench async`
+# then prints the peer rows too (docs/BENCHMARKS.md, "Async API").
+BENCH_VENV := .venv-bench
+BENCH_PACKAGES ?= openai-agents[redis,sqlalchemy]==0.24.0
+BENCH_STAMP := $(BENCH_VENV)/.installed
+
+bench-env: $(BENCH_STAMP)
+
+$(BENCH_STAMP): pyproject.toml Makefile
+	@test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install --quiet --disable-pip-version-check \
+		-e . $(foreach p,$(BENCH_PACKAGES),'$(p)')
+	@touch $@

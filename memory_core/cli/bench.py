@@ -121,3 +121,50 @@ def bench_broker_cmd(
     from memory_core.bench.broker import bench_broker
 
     bench_broker(broker_url, messages)
+
+
+@bench_app.command("async")
+@one_line_errors
+def bench_async_cmd(
+    *,
+    iterations: Annotated[int, typer.Option(help="Calls per side, one at a time.")] = 2000,
+    agents: Annotated[int, typer.Option(help="Concurrent agents, a thread each.")] = 200,
+    pool: Annotated[
+        int, typer.Option(help="The smaller sync thread pool (the other: one per agent).")
+    ] = 32,
+    rounds: Annotated[int, typer.Option(help="Turns each agent reads and saves.")] = 5,
+    samples: Annotated[int, typer.Option(help="Read-your-writes samples per row.")] = 20,
+    backlog: Annotated[int, typer.Option(help="Finalize jobs queued ahead of a probe.")] = 50,
+    broker_url: Annotated[
+        str | None,
+        typer.Option(
+            help="A broker for the read-your-writes worker alone (default: database 2 of "
+            "REDIS_URL's server)."
+        ),
+    ] = None,
+) -> None:
+    """The async API beside the sync one (one call, 200 agents), its peers, read-your-writes."""
+    from kombu.exceptions import OperationalError as BrokerUnreachable
+
+    from memory_core.bench.aio import bench_async
+    from memory_core.bench.broker_adapters import resolve_broker
+
+    s = get_settings()
+    url = broker_url or resolve_broker("redis", redis_url=s.redis_url)
+    try:
+        bench_async(
+            database_url=s.database_url,
+            redis_url=s.redis_url,
+            broker_url=url,
+            broker_flag=broker_url,
+            iterations=iterations,
+            agents=agents,
+            pool=pool,
+            rounds=rounds,
+            samples=samples,
+            backlog=backlog,
+        )
+    except BrokerUnreachable as exc:
+        fail(f"cannot reach the broker: {exc}")
+    except (RuntimeError, ValueError) as exc:
+        fail(str(exc))
