@@ -31,6 +31,7 @@ from memory_core import (
     aenqueue_turn,
     asave_session_to_thread_safe,
 )
+from memory_core.aio import make_async_engine, make_async_redis
 from memory_core.db import make_engine
 from memory_core.devservices.ports import free_port
 from memory_core.devservices.workers import WorkerProcess
@@ -93,11 +94,27 @@ def nowhere() -> Iterator[tuple[redis.Redis, Engine]]:
     engine.dispose()
 
 
+def through_proxies(
+    nowhere: tuple[redis.Redis, Engine], settings: Settings, **kw: Any
+) -> RedisConversationMemory:
+    """A memory whose asyncio clients go through the proxies of `settings` and whose blocking
+    ones lead nowhere: the async paths must not use them (given blocking clients, a memory's
+    asyncio side would follow them, so the asyncio clients are given too)."""
+    client, engine = nowhere
+    return RedisConversationMemory(
+        client,
+        engine=engine,
+        settings=settings,
+        async_redis=make_async_redis(settings.redis_url),
+        async_engine=make_async_engine(settings.database_url),
+        **kw,
+    )
+
+
 @pytest.fixture
 def amemory(proxies: Proxies, nowhere: tuple[redis.Redis, Engine]) -> RedisConversationMemory:
     """A memory whose asyncio clients go through the proxies (blocking ones lead nowhere)."""
-    client, engine = nowhere
-    return RedisConversationMemory(client, engine=engine, settings=proxies.settings)
+    return through_proxies(nowhere, proxies.settings)
 
 
 def stepped(call: Callable[[], Any], proxies: list[TcpProxy], **kw: Any) -> Any:
@@ -201,14 +218,7 @@ def test_fold_request_publishes_off_the_loop(
     via_proxy = proxies.settings.model_copy(
         update={"celery_broker_url": proxies.redis.rewrite(broker)}
     )
-    client, engine = nowhere
-    folding = RedisConversationMemory(
-        client,
-        engine=engine,
-        settings=via_proxy,
-        compression_threshold=2,
-        max_recent_messages=1,
-    )
+    folding = through_proxies(nowhere, via_proxy, compression_threshold=2, max_recent_messages=1)
 
     async def save() -> Any:
         async with folding:
@@ -377,8 +387,8 @@ def test_200_async_agents_on_one_loop_lose_no_turn(
         return out
 
     async def scenario() -> list[Answer]:
-        async with RedisConversationMemory(
-            client, engine=engine, settings=proxies.settings, compression_threshold=500
+        async with through_proxies(
+            (client, engine), proxies.settings, compression_threshold=500
         ) as mem:
             done = await asyncio.gather(*(agent(k, mem) for k in range(200)))
         await until(
