@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from memory_core import asave_session_to_thread_safe, save_session_to_thread_safe
+from memory_core.aio import ASYNC_REDIS_MAX_CONNECTIONS
 from memory_core.bench.aio_common import check_saved
 from memory_core.bench.common import pct, snapshot
 
@@ -157,7 +158,8 @@ def pools_line(bench: AsyncBench, async_pool: Any) -> str:
     """The connection pools the runs used."""
     return (
         f"Postgres pools: sync {_pool(bench.memory.engine.pool)}, async {_pool(async_pool)}; "
-        "Redis clients' pools unbounded. Sync operation times start when a pool thread runs "
+        f"Redis: sync pool unbounded, async pool blocking at {ASYNC_REDIS_MAX_CONNECTIONS}. "
+        "Sync operation times start when a pool thread runs "
         "the call (waiting for a free thread shows in 'last agent done'). CPU: this process's "
         "(every thread), not the servers'."
     )
