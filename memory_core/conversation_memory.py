@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 from contextlib import AbstractContextManager, suppress
-from types import TracebackType
 from typing import Any, Literal
 from uuid import UUID
 
@@ -18,13 +17,6 @@ from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.orm import Session
 
-from memory_core.aio import (
-    aclose_connections,
-    get_async_engine,
-    get_async_redis,
-    get_async_waits_redis,
-    redis_url_of,
-)
 from memory_core.cache_state import (
     CACHE_ERRORS,
     COPIES_BEHIND,
@@ -36,24 +28,22 @@ from memory_core.cache_state import (
 )
 from memory_core.caches import BoundedCache
 from memory_core.context import ConversationContext, Exchange
-from memory_core.db import get_engine, session_scope
+from memory_core.db import session_scope
 from memory_core.logs import describe_error, get_logger
+from memory_core.memory_clients import MemoryClients
 from memory_core.metrics import CACHE_READS, REHYDRATIONS
 from memory_core.models import ConversationThread
 from memory_core.read_wait import OnTimeout, WaitFor, context_including, session_to_wait_for
-from memory_core.redis_client import get_redis
 from memory_core.settings import Settings, get_settings
 from memory_core.settings_check import announce
 from memory_core.steps import (
-    AsyncIO,
     Read,
     Steps,
-    SyncIO,
     retry_on_disconnect,
     run_async,
     run_sync,
 )
-from memory_core.working_copy import NOT_OWNER, SCRIPT_SOURCES, WorkingCopy, context_from_copy
+from memory_core.working_copy import NOT_OWNER, WorkingCopy, context_from_copy
 
 __all__ = [
     "CACHE_ERRORS",
@@ -66,13 +56,13 @@ __all__ = [
 log = get_logger(__name__)
 
 
-class RedisConversationMemory:
+class RedisConversationMemory(MemoryClients):
     """Per-thread memory: Redis working copy first, Postgres as the source of truth.
 
     Tuning defaults come from settings (MEMORY_TTL_HOURS, MEMORY_MAX_RECENT_MESSAGES,
     MEMORY_COMPRESSION_THRESHOLD, MEMORY_KEY_PREFIX, MEMORY_MAX_UNFOLDED_MESSAGES); constructor
     arguments override them. The asyncio clients (`async_redis`, `async_engine`) default to the
-    running loop's pooled ones for the settings' URLs (memory_core/aio.py).
+    running loop's pooled ones for the blocking clients' servers (memory_core/memory_clients.py).
     """
 
     def __init__(
@@ -108,16 +98,7 @@ class RedisConversationMemory:
             raise ValueError("max_recent_messages must be below compression_threshold")
         if not 0 < self.ttl_hours <= 876_000:  # also refuses NaN; at most 100 years
             raise ValueError("ttl_hours must be a positive number of hours (at most 876000)")
-        self.redis = redis_client if redis_client is not None else get_redis(s.redis_url)
-        self.engine = engine if engine is not None else get_engine(s.database_url)
-        self._async_redis = async_redis
-        self._async_engine = async_engine
-        # The asyncio side reaches the same servers as the blocking clients, given or not.
-        self._async_redis_url = s.redis_url if redis_client is None else redis_url_of(self.redis)
-        self._async_database_url = (
-            s.database_url if engine is None else engine.url.render_as_string(hide_password=False)
-        )
-        self._async_scripts: dict[int, tuple[aredis.Redis, dict[str, Any]]] = {}
+        self._init_clients(s, redis_client, engine, async_redis, async_engine)
         # Parsed contexts by copy version: a hit on an unchanged copy skips re-validation.
         # Bounded in entries and in bytes (of the copies' stored JSON).
         self._parsed: BoundedCache[UUID, tuple[bytes, ConversationContext]] = BoundedCache(
@@ -137,51 +118,8 @@ class RedisConversationMemory:
             f"/{self.key_prefix}"
         )
 
-    # -- drivers ---------------------------------------------------------------------------
-
-    def sync_io(self) -> SyncIO:
-        return SyncIO(self.engine, self.redis, self.copy.scripts)
-
-    def async_io(self) -> AsyncIO:
-        """The asyncio clients of the running loop (call from a coroutine)."""
-        client = self._async_redis or get_async_redis(self._async_redis_url)
-        engine = self._async_engine or get_async_engine(self._async_database_url)
-        found = self._async_scripts.get(id(client))
-        if found is None or found[0] is not client:
-            if len(self._async_scripts) > 8:  # one per loop in practice; never unbounded
-                self._async_scripts.clear()
-            scripts = {name: client.register_script(src) for name, src in SCRIPT_SOURCES.items()}
-            found = self._async_scripts[id(client)] = (client, scripts)
-        waits = client if self._async_redis else get_async_waits_redis(self._async_redis_url)
-        return AsyncIO(engine, client, found[1], waits)
-
-    async def aclose(self) -> None:
-        """At shutdown: close the asyncio connections this memory reads and writes through on
-        the running loop — the clients passed to it, or else the loop's pools for its URLs,
-        which other memories on the loop share (they reconnect on their next call; a call in
-        flight may fail). Create one memory per service, not one per request."""
-        if self._async_redis is not None:
-            await self._async_redis.aclose()
-        if self._async_engine is not None:
-            await self._async_engine.dispose()
-        shared = [
-            url
-            for url, own in (
-                (self._async_redis_url, self._async_redis),
-                (self._async_database_url, self._async_engine),
-            )
-            if own is None
-        ]
-        await aclose_connections(shared)
-        self._async_scripts.clear()
-
-    async def __aenter__(self) -> RedisConversationMemory:
-        return self
-
-    async def __aexit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
+    def _sync_scripts(self) -> dict[str, Any]:
+        return self.copy.scripts
 
     # -- reads ---------------------------------------------------------------------------
 
