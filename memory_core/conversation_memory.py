@@ -60,9 +60,10 @@ class RedisConversationMemory(MemoryClients):
     """Per-thread memory: Redis working copy first, Postgres as the source of truth.
 
     Tuning defaults come from settings (MEMORY_TTL_HOURS, MEMORY_MAX_RECENT_MESSAGES,
-    MEMORY_COMPRESSION_THRESHOLD, MEMORY_KEY_PREFIX, MEMORY_MAX_UNFOLDED_MESSAGES); constructor
-    arguments override them. The asyncio clients (`async_redis`, `async_engine`) default to the
-    running loop's pooled ones for the blocking clients' servers (memory_core/memory_clients.py).
+    MEMORY_COMPRESSION_THRESHOLD, MEMORY_FOLD_TOKEN_TRIGGER, MEMORY_KEY_PREFIX,
+    MEMORY_MAX_UNFOLDED_MESSAGES); constructor arguments override them. The asyncio clients
+    (`async_redis`, `async_engine`) default to the running loop's pooled ones for the blocking
+    clients' servers (memory_core/memory_clients.py).
     """
 
     def __init__(
@@ -72,6 +73,7 @@ class RedisConversationMemory(MemoryClients):
         ttl_hours: float | None = None,
         max_recent_messages: int | None = None,
         compression_threshold: int | None = None,
+        fold_token_trigger: int | None = None,
         key_prefix: str | None = None,
         max_unfolded_messages: int | None = None,
         settings: Settings | None = None,
@@ -85,6 +87,10 @@ class RedisConversationMemory(MemoryClients):
         self.ttl_hours = s.memory_ttl_hours if ttl_hours is None else ttl_hours
         self.max_recent_messages = max_recent_messages or s.memory_max_recent_messages
         self.compression_threshold = compression_threshold or s.memory_compression_threshold
+        # Estimated tokens of unfolded turns that also make a fold due (0: off).
+        self.fold_token_trigger = (
+            s.memory_fold_token_trigger if fold_token_trigger is None else fold_token_trigger
+        )
         self.key_prefix = key_prefix or s.memory_key_prefix
         # While folds keep failing the copy holds at most this many unfolded turns.
         self.max_unfolded_messages = (
@@ -96,6 +102,8 @@ class RedisConversationMemory(MemoryClients):
             raise ValueError("max_unfolded_messages must be at least 2 x compression_threshold")
         if self.max_recent_messages >= self.compression_threshold:
             raise ValueError("max_recent_messages must be below compression_threshold")
+        if self.fold_token_trigger < 0:
+            raise ValueError("fold_token_trigger must be 0 (off) or a positive number of tokens")
         if not 0 < self.ttl_hours <= 876_000:  # also refuses NaN; at most 100 years
             raise ValueError("ttl_hours must be a positive number of hours (at most 876000)")
         self._init_clients(s, redis_client, engine, async_redis, async_engine)

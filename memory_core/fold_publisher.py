@@ -3,7 +3,7 @@
 Publishing is best effort and bounded: a down broker costs at most about a second (plus the
 broker's confirm on RabbitMQ) and is logged and counted (`memory_fold_publish_failures_total`).
 The fold request is also recorded on the thread row (`fold_due_at`), so a later finalize
-re-publishes a fold whose message never made it (see ConversationThread.claim_next_seq).
+re-publishes a fold whose message never made it (see claim.claim_statement).
 
 Every publish declares its queue exactly as the workers do (memory_core/queues.py), and on
 RabbitMQ waits for the broker's confirm: a publish that returned is on the broker's disk, and

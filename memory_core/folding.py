@@ -6,6 +6,10 @@ at turn 21 (turns 1-11), then every 11 turns. A late fold folds whatever is unfo
 except the newest 10, at most `max_unfolded_messages` turns per LLM call (a bounded prompt);
 a backlog beyond that is folded by follow-up folds.
 
+Token trigger T (`fold_token_trigger`, 6000; 0 = off: the above is all): else, when at least 2
+unfolded turns have estimated sizes summing to more than T, fold all but the newest turns that
+sum to at most T // 2 (the newest always stays); one turn alone is never due (fold_tokens.py).
+
 Concurrency (guarantee 5, docs/ARCHITECTURE.md): a lease on the thread row
 (fold_lease_token/until) makes folds single-flight without holding a row lock during the LLM
 call, and the summary is written with compare-and-set on `summary_through_seq`, so a duplicate
@@ -30,12 +34,14 @@ from sqlalchemy import case, func, select, update
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session
 
+from memory_core.carry_forward import CarriedForward, carry_forward
 from memory_core.context import Exchange
 from memory_core.conversation_memory import RedisConversationMemory
 from memory_core.db import describe_db_error, retry_on_disconnect
+from memory_core.fold_tokens import token_due, token_upto, tokens_after_fold
 from memory_core.llm_free_fold import LLM_FREE_LABEL, LLM_FREE_TARGET_TOKENS, llm_free_fold
 from memory_core.logs import describe_error, get_logger
-from memory_core.metrics import FOLD_FALLBACKS, FOLD_SECONDS, FOLDS, LLM_TOKENS
+from memory_core.metrics import FOLD_FALLBACKS, FOLD_SECONDS, FOLDS, INSTRUCTIONS, LLM_TOKENS
 from memory_core.models import ConversationThread, ThreadMessage
 from memory_core.summarizer import SummarizationError, SummaryResult, storable
 from memory_core.summary_tail import (
@@ -101,6 +107,8 @@ class FoldOutcome:
     session_id: str | None = None
     more_pending: bool = False
     fallback: str | None = None  # why the LLM-free summary was used instead of the LLM's
+    instructions_restored: int = 0  # standing instructions the LLM dropped, put back by code
+    superseded_dropped: int = 0  # superseded ones the LLM kept as current, removed by code
 
 
 @dataclass(frozen=True)
@@ -110,6 +118,7 @@ class _Lease:
     through: int
     last_seq: int
     attempts: int
+    unfolded_tokens: int
 
 
 class Folder:
@@ -146,7 +155,9 @@ class Folder:
             lease = self._take_lease(session, tid, token)
         if isinstance(lease, str):
             return FoldOutcome(lease, str(tid))  # type: ignore[arg-type]
-        upto = self._fold_upto(lease.through, lease.last_seq)
+        upto = self._fold_upto(lease.through, lease.last_seq)  # the turn-count rule wins
+        by_tokens = token_upto(self.memory, tid, token, lease)  # also sets the counter right
+        upto = by_tokens if upto is None else upto
         if upto is None:
             with self.memory.session_factory() as session:
                 again = self._release(session, tid, token, clear_due=True)
@@ -180,7 +191,12 @@ class Folder:
             FOLD_FALLBACKS.inc()
         for kind in ("input", "output"):
             LLM_TOKENS.labels(kind).inc(getattr(result, f"{kind}_tokens", None) or 0)
-        new_summary = self._stored_summary(result.text, turns)
+        carried = CarriedForward(result.text)
+        if result.prompt != LLM_FREE_LABEL:  # the LLM-free fold carries them by construction
+            carried = carry_forward(previous, turns, result.text)
+            INSTRUCTIONS.labels("restored").inc(carried.restored)
+            INSTRUCTIONS.labels("superseded_dropped").inc(carried.superseded_dropped)
+        new_summary = self._stored_summary(carried.text, turns)
         with self.memory.session_factory() as session:
             won, again = self._compare_and_set(
                 session,
@@ -201,6 +217,8 @@ class Folder:
             folded=len(turns),
             prompt=result.prompt,
             fallback=fallback,
+            instructions_restored=carried.restored,
+            superseded_dropped=carried.superseded_dropped,
         )
         return FoldOutcome(
             "folded",
@@ -211,6 +229,8 @@ class Folder:
             session_id=str(turns[-1].session_id),
             more_pending=again,
             fallback=fallback,
+            instructions_restored=carried.restored,
+            superseded_dropped=carried.superseded_dropped,
         )
 
     def _fallback_reason(self, exc: Exception, attempt: int) -> str | None:
@@ -245,6 +265,7 @@ class Folder:
 
     def _take_lease(self, session: Session, tid: uuid.UUID, token: uuid.UUID) -> _Lease | str:
         t = ConversationThread
+        lease = (t.owner_id, t.summary, t.summary_through_seq, t.last_seq, t.fold_attempts)
         stmt = (
             update(t)
             .where(
@@ -258,7 +279,7 @@ class Folder:
                 fold_lease_until=func.now()
                 + func.make_interval(0, 0, 0, 0, 0, 0, self.settings.memory_fold_lease_s),
             )
-            .returning(t.owner_id, t.summary, t.summary_through_seq, t.last_seq, t.fold_attempts)
+            .returning(*lease, t.unfolded_tokens)
         )
         row = session.execute(stmt).one_or_none()
         if row is not None:
@@ -266,14 +287,16 @@ class Folder:
         exists = session.scalar(select(t.id).where(t.id == tid))
         return "busy" if exists else "missing"
 
-    def _due_again(self, through: Any) -> Any:
+    def _due_again(self, through: Any, tokens: Any = None) -> Any:
         """`fold_due_at` as a fold leaves the row: now() if the thread is (still, or again) over
-        the threshold, else NULL. Evaluated under the row lock of the releasing UPDATE, which a
-        finalize's claim also takes: a turn that arrived during the fold saw a fold pending and
-        published nothing, so the fold that ends must ask for the next one itself (a thread's
-        last turn would otherwise stay unfolded until a new turn came)."""
+        the threshold or the token trigger, else NULL. Evaluated under the row lock of the
+        releasing UPDATE, which a finalize's claim also takes: a turn that arrived during the
+        fold saw a fold pending and published nothing, so the fold that ends must ask for the
+        next one itself (else a thread's last turn stays unfolded until a new turn comes)."""
         t = ConversationThread
         over = t.last_seq - through > self.memory.compression_threshold
+        tokens = t.unfolded_tokens if tokens is None else tokens  # the counter as UPDATEd
+        over = over | token_due(tokens, t.last_seq - through, self.memory.fold_token_trigger)
         return case((over, func.now()), else_=None)
 
     def _release(
@@ -301,6 +324,7 @@ class Folder:
     ) -> tuple[bool, bool]:
         """Store the summary if our lease still holds: (won, another fold is due now)."""
         t = ConversationThread
+        tokens = tokens_after_fold(session, tid, through, upto, self.memory.fold_token_trigger)
         stmt = (
             update(t)
             .where(t.id == tid, t.summary_through_seq == through, t.fold_lease_token == token)
@@ -310,7 +334,8 @@ class Folder:
                 summary_prompt=prompt[:200],
                 summary_updated_at=func.now(),
                 fold_attempts=0,
-                fold_due_at=self._due_again(upto),
+                unfolded_tokens=tokens,
+                fold_due_at=self._due_again(upto, tokens),
                 last_fold_error=None,
                 fold_lease_token=None,
                 fold_lease_until=None,

@@ -1,9 +1,19 @@
-"""The LLM-free fold: a deterministic summary of goals, filters/definitions and what was built.
+"""The LLM-free fold: a deterministic summary led by the thread's standing instructions.
 
 Used when no LLM is configured and as the fallback when the LLM keeps failing or its answers
-are unusable (folding.py): it never calls out, so a fold always completes. It reads the
-previous summary back (its own sections, or free text from an earlier LLM summary) and drops
-the oldest entries first to stay within the bound.
+are unusable (folding.py): it never calls out, so a fold always completes. Sections, in the
+order a view shows them (a view cuts a summary from its end, so what matters most comes first):
+
+- `Standing instructions:` filters, definitions, scopes and conventions the user set
+  (instructions.py), one per key, newest wording winning; a superseded one is gone, and so
+  are the SQL conditions and built queries it revoked. WHERE conditions that queries applied
+  more than once join them (`Applied in SQL: ...`).
+- `Earlier context:` free text read back from an earlier LLM summary.
+- `Goals:` and `Built:` one line per turn / artifact.
+- `Query filters:` WHERE conditions seen in one query so far (promoted when seen again).
+
+Over the bound, the oldest entries go first: earlier context, then goals, built and query
+filters down to their newest three, then those too; standing instructions are trimmed last.
 """
 
 from __future__ import annotations
@@ -13,56 +23,35 @@ from collections.abc import Sequence
 
 from memory_core.artifacts import one_line
 from memory_core.context import Exchange
+from memory_core.instructions import (
+    SQL_PREFIX,
+    Instruction,
+    content_words,
+    detect,
+    key_of,
+    revokes_sql,
+    sql_column_words,
+    sql_conditions,
+)
 from memory_core.tokens import count_tokens, truncate_to_tokens
 
-LLM_FREE_LABEL = "llm-free:v1"
+LLM_FREE_LABEL = "llm-free:v2"
+INSTRUCTIONS_HEADER = "Standing instructions:"
 _MAX_ITEM_CHARS = 160
 _MAX_ITEMS = 25
-
-
-def _clip(text: str, limit: int) -> str:
-    return one_line(text, limit)
-
+_MAX_INSTRUCTIONS = 40
 
 _HEADERS = {
-    "goals": "Goals:",
-    "filters": "Filters and definitions:",
-    "built": "Built:",
+    "instructions": INSTRUCTIONS_HEADER,
     "earlier": "Earlier context:",
+    "goals": "Goals:",
+    "built": "Built:",
+    "seen": "Query filters:",
 }
-_ORDER = ("earlier", "goals", "filters", "built")
-_SQL_STOP = re.compile(
-    r"\b(?:group\s+by|order\s+by|having|limit|union|window|qualify|offset|fetch)\b", re.I
-)
-_PHRASES = re.compile(
-    r"\b(?:define[sd]?\b[^.;?!\n]*?\bas\b[^.;?!\n]*|defined as\b[^.;?!\n]*"
-    r"|(?:excluding|exclude[sd]?|except|without|not including|ignoring|only|where"
-    r"|filter(?:ed)? (?:by|to|on)|limited to|restricted to)\b[^.;,?!\n]*)",
-    re.I,
-)
+_ORDER = ("instructions", "earlier", "goals", "built", "seen")
+# Headers of earlier versions, read back into today's sections.
+_OLD_HEADERS = {"filters and definitions:": "instructions"}
 _POLITE = re.compile(r"^(?:please|can you|could you|would you|now|ok(?:ay)?|and)\b[\s,]*", re.I)
-
-
-def _sql_filters(sql: str) -> list[str]:
-    flat = " ".join(sql.split())
-    out = []
-    for m in re.finditer(r"\bwhere\b", flat, re.I):
-        i, depth = m.end(), 0
-        while i < len(flat):
-            c = flat[i]
-            if c == "(":
-                depth += 1
-            elif c == ")":
-                if depth == 0:
-                    break
-                depth -= 1
-            elif depth == 0 and (c == ";" or _SQL_STOP.match(flat, i)):
-                break
-            i += 1
-        clause = flat[m.end() : i].strip()
-        if clause:
-            out.append(_clip(f"WHERE {clause}", _MAX_ITEM_CHARS))
-    return out
 
 
 def _goal(query: str) -> str:
@@ -70,28 +59,81 @@ def _goal(query: str) -> str:
     while (stripped := _POLITE.sub("", text)) != text:
         text = stripped
     text = text[:1].upper() + text[1:]
-    return _clip(text, _MAX_ITEM_CHARS)
+    return one_line(text, _MAX_ITEM_CHARS)
 
 
-def _parse_summary(summary: str | None) -> dict[str, list[str]]:
+def _goal_besides(query: str, found: list[Instruction]) -> str | None:
+    """The turn's goal line without its instructions (they live in their own section)."""
+    text = _goal(query) if query.strip() else ""
+    for ins in found:
+        at = text.casefold().find(ins.text.casefold())
+        if at >= 0:
+            text = text[:at] + text[at + len(ins.text) :]
+    if len(content_words(text)) < 2:
+        return None
+    text = text.strip(" ,.;:!?-")
+    return text[:1].upper() + text[1:]
+
+
+_ITEM = re.compile(r"^(?:[-*\u2022]|\d+[.)])\s+")
+
+
+def parse_sections(summary: str | None) -> dict[str, list[str]]:
+    """A summary's lines by section; lines outside our sections (LLM prose) are `earlier`.
+
+    Headers are recognised also in an LLM's markdown (`**Standing instructions:**`, `## ...`)."""
     sections: dict[str, list[str]] = {key: [] for key in _ORDER}
-    by_header = {h.lower(): k for k, h in _HEADERS.items()}
+    by_header = {h.lower(): k for k, h in _HEADERS.items()} | _OLD_HEADERS
     current: str | None = None
     for raw in (summary or "").splitlines():
         line = raw.strip()
         if not line:
             continue
-        if line.lower() in by_header:
-            current = by_header[line.lower()]
-        elif current is not None and line.startswith("- "):
-            sections[current].append(line[2:].strip())
-        else:  # free text (e.g. an earlier LLM summary): kept, dropped first when short
+        header = line.lstrip("#* ").rstrip("* ").lower()
+        if header in by_header:
+            current = by_header[header]
+        elif current is not None and (item := _ITEM.match(line)):
+            sections[current].append(line[item.end() :].strip())
+        else:
             current = None
-            sections["earlier"].append(_clip(line.removeprefix("- "), 2 * _MAX_ITEM_CHARS))
+            sections["earlier"].append(one_line(_ITEM.sub("", line), 2 * _MAX_ITEM_CHARS))
     return sections
 
 
-def _merge(items: list[str]) -> list[str]:
+class _Standing:
+    """Instructions in force (one per key, oldest first) and SQL conditions seen once."""
+
+    def __init__(self, instructions: list[str], seen: list[str]) -> None:
+        self.items = {key_of(t): Instruction(key_of(t), t) for t in instructions}
+        self.seen = {key_of(t): Instruction(key_of(t), t) for t in seen}
+        self.revoked_columns: set[str] = set()
+        self.replaced: list[str] = []  # wordings superseded in this fold
+
+    def set(self, ins: Instruction) -> None:
+        if (old := self.items.get(ins.key)) is not None and old.text != ins.text:
+            self.replaced.append(old.text.casefold())
+        for table in (self.items, self.seen):
+            for key in [k for k in table if k.startswith("sql:") and revokes_sql(ins, k)]:
+                self.revoked_columns |= set(key.removeprefix("sql:").split(","))
+                del table[key]
+        self.items.pop(ins.key, None)
+        self.items[ins.key] = ins
+
+    def applied(self, cond: Instruction) -> None:
+        if cond.key in self.items or self.seen.pop(cond.key, None) is not None:
+            self.items.pop(cond.key, None)
+            self.items[cond.key] = cond  # applied twice: a convention of the thread
+        else:
+            self.seen[cond.key] = cond
+
+
+def _revoked_query(line: str, columns: set[str]) -> bool:
+    if not line.startswith("SQL:") or not columns:
+        return False
+    return any(re.search(rf"\b{re.escape(c)}\b", line, re.I) for c in columns if c)
+
+
+def _merge(items: list[str], limit: int = _MAX_ITEMS) -> list[str]:
     """Dedupe case-insensitively keeping the latest occurrence (oldest first order)."""
     seen: set[str] = set()
     out: list[str] = []
@@ -100,7 +142,7 @@ def _merge(items: list[str]) -> list[str]:
         if key and key not in seen:
             seen.add(key)
             out.append(item)
-    return out[::-1][-_MAX_ITEMS:]
+    return out[::-1][-limit:]
 
 
 def _render(sections: dict[str, list[str]]) -> str:
@@ -113,31 +155,75 @@ def _render(sections: dict[str, list[str]]) -> str:
 LLM_FREE_TARGET_TOKENS = 500
 
 
+def _fold_pass(
+    previous_summary: str | None, exchanges: Sequence[Exchange]
+) -> tuple[dict[str, list[str]], _Standing]:
+    sections = parse_sections(previous_summary)
+    standing = _Standing(sections["instructions"], sections["seen"])
+    for ex in exchanges:
+        found = detect(ex.user_query)
+        if goal := _goal_besides(ex.user_query, found):
+            sections["goals"].append(goal)
+        for ins in found:
+            standing.set(ins)
+        for art in ex.artifacts:
+            if art.kind == "sql":
+                for cond in sql_conditions(art.sql):
+                    standing.applied(cond)
+            sections["built"].append(art.one_line())
+    cols, old = standing.revoked_columns, standing.replaced
+    sections["built"] = [b for b in sections["built"] if not _revoked_query(b, cols)]
+    # A goal that quoted a superseded instruction would present it as current.
+    sections["goals"] = [g for g in sections["goals"] if not any(o in g.casefold() for o in old)]
+    sections["instructions"] = [i.text for i in standing.items.values()][-_MAX_INSTRUCTIONS:]
+    sections["seen"] = [i.text for i in standing.seen.values()][-_MAX_ITEMS:]
+    for key in ("earlier", "goals", "built"):
+        sections[key] = _merge(sections[key])
+    return sections, standing
+
+
+def fold_sections(
+    previous_summary: str | None, exchanges: Sequence[Exchange]
+) -> dict[str, list[str]]:
+    """The sections of the folded summary, before any trimming to a bound."""
+    return _fold_pass(previous_summary, exchanges)[0]
+
+
+def standing_after(
+    previous_summary: str | None, exchanges: Sequence[Exchange]
+) -> tuple[list[str], list[str]]:
+    """(instructions in force after folding `exchanges`, wordings they superseded)."""
+    sections, standing = _fold_pass(previous_summary, exchanges)
+    return sections["instructions"], standing.replaced
+
+
 def llm_free_fold(
     previous_summary: str | None, exchanges: Sequence[Exchange], max_tokens: int
 ) -> str:
-    """Deterministic fold: goals, filters/definitions and what was built, within max_tokens."""
-    sections = _parse_summary(previous_summary)
-    for ex in exchanges:
-        if ex.user_query.strip():
-            sections["goals"].append(_goal(ex.user_query))
-        sections["filters"].extend(
-            _clip(m.group(0), _MAX_ITEM_CHARS) for m in _PHRASES.finditer(ex.user_query)
-        )
-        for art in ex.artifacts:
-            if art.kind == "sql":
-                sections["filters"].extend(_sql_filters(art.sql))
-            sections["built"].append(art.one_line())
-    sections = {k: _merge(v) for k, v in sections.items()}
-    # Over the bound: drop the oldest entries, goals first; keep the newest few of each
-    # section as long as possible.
-    passes = [("earlier", 0), ("goals", 3), ("built", 3), ("filters", 3)]
-    passes += [("goals", 0), ("built", 0), ("filters", 0)]
+    """Deterministic fold led by the standing instructions, within max_tokens."""
+    sections = fold_sections(previous_summary, exchanges)
+    passes = [("earlier", 0), ("seen", 0), ("goals", 3), ("built", 3)]
+    passes += [("goals", 0), ("built", 0), ("instructions", 0)]
     text = _render(sections)
     for key, keep in passes:
         while count_tokens(text) > max_tokens and len(sections[key]) > keep:
-            sections[key].pop(0)
+            # SQL conditions of the standing section go before what the user said.
+            items = sections[key]
+            sql = [i for i, t in enumerate(items) if t.startswith(SQL_PREFIX)]
+            items.pop(sql[0] if key == "instructions" and sql else 0)
             text = _render(sections)
     if count_tokens(text) > max_tokens:  # only with absurdly small bounds
         text = truncate_to_tokens(text, max_tokens).strip()
     return text
+
+
+__all__ = [
+    "INSTRUCTIONS_HEADER",
+    "LLM_FREE_LABEL",
+    "LLM_FREE_TARGET_TOKENS",
+    "fold_sections",
+    "llm_free_fold",
+    "parse_sections",
+    "sql_column_words",
+    "standing_after",
+]

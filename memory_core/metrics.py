@@ -81,6 +81,12 @@ FOLD_FALLBACKS = Counter(
     "memory_fold_fallbacks_total",
     "Folds that used the LLM-free summary because the LLM kept failing or could not succeed",
 )
+INSTRUCTIONS = Counter(
+    "memory_fold_instructions_total",
+    "Standing instructions corrected by code after an LLM fold: `restored` (the model dropped "
+    "one still in force), `superseded_dropped` (it kept one the conversation superseded)",
+    ["action"],
+)
 
 THREADS_DELETED = Counter(
     "memory_threads_deleted_total",

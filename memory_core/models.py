@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
 from typing import Any, cast
@@ -27,9 +26,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     bindparam,
-    case,
     func,
-    literal_column,
     select,
     text,
     true,
@@ -83,6 +80,9 @@ class ConversationThread(Base):
     fold_lease_token: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
     fold_lease_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     last_fold_error: Mapped[str | None] = mapped_column(Text)
+    # Estimated tokens (tokens.turn_size) of the unfolded turns: the fold token trigger. A claim
+    # adds to at most claim.UNFOLDED_TOKENS_CAP (a turn is < 2M): a finalize never overflows int4.
+    unfolded_tokens: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
@@ -113,37 +113,6 @@ class ConversationThread(Base):
     def set_archived(self, archived: bool) -> None:
         self.is_archived = archived
         self.archived_at = func.now() if archived else None
-
-    @classmethod
-    def claim_next_seq(
-        cls,
-        session: Session | Connection,
-        *,
-        thread_id: uuid.UUID,
-        owner_id: str,
-        agent_type: str,
-        title: str,
-        fold_threshold: int,
-        republish_grace_s: int,
-    ) -> SeqClaim | None:
-        """Create the thread on its first turn or bump its seq, under the thread row lock.
-
-        Also marks a fold as requested (fold_due_at = now) when this turn takes the thread over
-        the threshold and no fold is pending, or the pending one is overdue by more than the
-        grace period (its message was lost). Returns None when the thread belongs to someone else.
-        """
-        params = claim_params(
-            thread_id=thread_id,
-            owner_id=owner_id,
-            agent_type=agent_type,
-            title=title,
-            fold_threshold=fold_threshold,
-            republish_grace_s=republish_grace_s,
-        )
-        row = session.execute(claim_statement(), params).one_or_none()
-        if row is None:
-            return None
-        return SeqClaim(row.last_seq, row.summary_through_seq, bool(row.fold_requested))
 
     @classmethod
     def rehydrate(
@@ -216,67 +185,6 @@ class MemorySettingsSeen(Base):
 
     fingerprint: Mapped[str] = mapped_column(String(500), primary_key=True)
     last_seen: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
-
-
-@dataclass(frozen=True, slots=True)
-class SeqClaim:
-    seq: int
-    summary_through_seq: int
-    fold_requested: bool
-
-
-def claim_params(
-    *,
-    thread_id: uuid.UUID,
-    owner_id: str,
-    agent_type: str,
-    title: str,
-    fold_threshold: int,
-    republish_grace_s: int,
-) -> dict[str, Any]:
-    """The parameters of `claim_statement` (see `ConversationThread.claim_next_seq`)."""
-    return {
-        "id": thread_id,
-        "owner_id": owner_id,
-        "agent_type": agent_type,
-        "title": title,
-        "threshold": fold_threshold,
-        "grace_s": republish_grace_s,
-    }
-
-
-@cache
-def claim_statement() -> Any:
-    """Built once: the finalize hot path only binds parameters (no per-call SQL construction)."""
-    t = cast(Table, ConversationThread.__table__)
-    grace = func.make_interval(0, 0, 0, 0, 0, 0, bindparam("grace_s", type_=Integer))
-    overdue = t.c.fold_due_at < func.now() - grace
-    over = t.c.last_seq + 1 - t.c.summary_through_seq > bindparam("threshold", type_=Integer)
-    needs_fold = over & (t.c.fold_due_at.is_(None) | overdue)
-    return (
-        insert(t)
-        .values(
-            id=bindparam("id"),
-            owner_id=bindparam("owner_id"),
-            agent_type=bindparam("agent_type"),
-            title=bindparam("title"),
-            last_seq=1,
-        )
-        .on_conflict_do_update(
-            index_elements=[t.c.id],
-            set_={
-                "last_seq": t.c.last_seq + 1,
-                "updated_at": func.now(),
-                "fold_due_at": case((needs_fold, func.now()), else_=t.c.fold_due_at),
-            },
-            where=t.c.owner_id == literal_column("excluded.owner_id"),
-        )
-        .returning(
-            t.c.last_seq,
-            t.c.summary_through_seq,
-            (t.c.fold_due_at == func.now()).label("fold_requested"),
-        )
-    )
 
 
 @cache

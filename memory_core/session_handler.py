@@ -4,7 +4,8 @@ Order of effects (durability first, docs/RELIABILITY.md):
   1. one Postgres transaction: upsert the thread (seq claimed under its row lock), insert the
      turn idempotently on session_id, COMMIT;
   2. update the Redis working copy (best effort; rebuilt from Postgres when it is behind);
-  3. publish `memory.fold_thread` when this turn took the thread over the threshold.
+  3. publish `memory.fold_thread` when this turn took the thread over the threshold (its
+     unfolded turns, or their estimated tokens: the fold token trigger).
 
 It never raises: every outcome is a `SaveOutcome`. Before the COMMIT a failure is `failed`
 (retryable, nothing written) or `rejected` (bad input, never retryable); after it, whatever
@@ -25,13 +26,14 @@ from pydantic import ValidationError
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from memory_core.artifacts import derive_artifacts
+from memory_core.claim import SeqClaim, claim_params, claim_statement
 from memory_core.context import Exchange
 from memory_core.conversation_memory import RedisConversationMemory
 from memory_core.db import describe_db_error, sqlstate
 from memory_core.fold_publisher import publish_fold
 from memory_core.logs import describe_error, get_logger
 from memory_core.metrics import FINALIZE
-from memory_core.models import SeqClaim, ThreadMessage, claim_params, claim_statement
+from memory_core.models import ThreadMessage
 from memory_core.settings import SettingsError
 from memory_core.snapshot import (
     DashboardIn,
@@ -51,6 +53,7 @@ from memory_core.steps import (
     run_sync,
     transaction,
 )
+from memory_core.tokens import turn_size
 
 log = get_logger(__name__)
 
@@ -248,6 +251,8 @@ def _write_turn(
                 title=" ".join(snap.user_query.split())[:TITLE_MAX],
                 fold_threshold=memory.compression_threshold,
                 republish_grace_s=memory.settings.memory_fold_republish_grace_s,
+                turn_tokens=turn_size(turn) if memory.fold_token_trigger > 0 else 0,
+                token_trigger=memory.fold_token_trigger,
             ),
             "one_or_none",
         )

@@ -54,6 +54,9 @@ class Settings(BaseSettings):
     memory_ttl_hours: float = Field(default=24, gt=0, le=_HUNDRED_YEARS_H)
     memory_max_recent_messages: int = Field(default=10, ge=1)
     memory_compression_threshold: int = Field(default=20, ge=2)
+    # Fold also when the unfolded turns' estimated tokens (tokens.turn_size) exceed this and
+    # at least 2 turns are unfolded; 0 turns the token trigger off (turn count only).
+    memory_fold_token_trigger: int = Field(default=6000, ge=0)
     memory_key_prefix: str = Field(default="chat_conversation", min_length=1)
     # Cap on unfolded turns kept in the working copy while folding keeps failing.
     # None means 2 x compression_threshold (the documented minimum).

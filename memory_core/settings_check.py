@@ -2,11 +2,12 @@
 
 Agents, finalize workers and fold workers each build their own `RedisConversationMemory`. If
 they disagree on the key prefix, one writes working copies the other never reads (a follow-up
-misses turns until the copy expires); on the threshold or recent-turn count, finalize asks for
-folds the fold worker declines. Each process records a fingerprint of the settings that must
-agree in `memory_settings_seen` (at most once an hour per fingerprint, in a background thread:
-never on the caller's path) and warns (`memory.settings_disagree`, gauge
-`memory_settings_disagreements`) when another fingerprint was recorded in the last two hours.
+misses turns until the copy expires); on the threshold, the recent-turn count or the fold token
+trigger, finalize asks for folds the fold worker declines. Each process records a fingerprint
+of the settings that must agree in `memory_settings_seen` (at most once an hour per
+fingerprint, in a background thread: never on the caller's path) and warns
+(`memory.settings_disagree`, gauge `memory_settings_disagreements`) when another fingerprint
+was recorded in the last two hours.
 The fingerprint holds settings only, never content.
 """
 
@@ -41,7 +42,8 @@ def fingerprint(memory: RedisConversationMemory) -> str:
     return (
         f"key_prefix={memory.key_prefix} compression_threshold={memory.compression_threshold} "
         f"max_recent_messages={memory.max_recent_messages} "
-        f"max_unfolded_messages={memory.max_unfolded_messages}"
+        f"max_unfolded_messages={memory.max_unfolded_messages} "
+        f"fold_token_trigger={memory.fold_token_trigger}"
     )[:500]
 
 
@@ -53,7 +55,7 @@ def announce(memory: RedisConversationMemory, *, wait: bool = False) -> threadin
     """
     m = memory
     key: tuple[object, ...] = (id(m.engine), m.key_prefix, m.compression_threshold)
-    key += (m.max_recent_messages, m.max_unfolded_messages)
+    key += (m.max_recent_messages, m.max_unfolded_messages, m.fold_token_trigger)
     now = time.monotonic()
     with _lock:
         if now - _announced.get(key, -ANNOUNCE_EVERY_S - 1) < ANNOUNCE_EVERY_S:

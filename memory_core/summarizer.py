@@ -22,9 +22,15 @@ from langfuse import Langfuse, LangfuseGeneration, propagate_attributes
 
 from memory_core.artifacts import one_line
 from memory_core.context import Exchange
-from memory_core.llm_free_fold import LLM_FREE_LABEL, LLM_FREE_TARGET_TOKENS, llm_free_fold
+from memory_core.llm_free_fold import (
+    LLM_FREE_LABEL,
+    LLM_FREE_TARGET_TOKENS,
+    llm_free_fold,
+    standing_after,
+)
 from memory_core.prompts import (
     LANGFUSE_PROMPT_NAME,
+    NO_STANDING,
     ResolvedPrompt,
     builtin_prompt,
     langfuse_prompt,
@@ -56,7 +62,7 @@ class SummarizationError(Exception):
 @dataclass(frozen=True)
 class SummaryResult:
     text: str
-    prompt: str  # "langfuse:conversation_summarizer:v3", "builtin:v1", "llm-free:v1"
+    prompt: str  # "langfuse:conversation_summarizer:v3", "builtin:v2", "llm-free:v2"
     model: str | None
     input_tokens: int | None
     output_tokens: int | None
@@ -67,7 +73,7 @@ def _clip(text: str, limit: int) -> str:
 
 
 # The prompt delimits the conversation with these tags; user text cannot close them.
-_TAGS = re.compile(r"<(/?)(conversation|previous_summary)>", re.IGNORECASE)
+_TAGS = re.compile(r"<(/?)(conversation|previous_summary|standing_instructions)>", re.IGNORECASE)
 
 
 def neutralize_tags(text: str) -> str:
@@ -88,6 +94,12 @@ def render_conversation(exchanges: Sequence[Exchange]) -> str:
         lines.extend(f"  {a.one_line()}" for a in ex.artifacts)
         blocks.append("\n".join(lines))
     return neutralize_tags("\n\n".join(blocks))
+
+
+def standing_lines(previous_summary: str | None, exchanges: Sequence[Exchange]) -> str:
+    """The standing instructions code finds, for the prompt: one "- " line each."""
+    found, _ = standing_after(previous_summary, exchanges)
+    return neutralize_tags("\n".join(f"- {t}" for t in found)) if found else NO_STANDING
 
 
 # ---------------------------------------------------------------- answer validation
@@ -235,9 +247,10 @@ class ConversationSummarizer:
 
         previous = neutralize_tags((previous_summary or "").strip() or "(none yet)")
         conversation = render_conversation(exchanges)
+        standing = standing_lines(previous_summary, exchanges)
         lf = self._lf()
-        resolved = langfuse_prompt(lf, s, previous, conversation) or builtin_prompt(
-            previous, conversation, s.memory_summary_max_tokens
+        resolved = langfuse_prompt(lf, s, previous, conversation, standing) or builtin_prompt(
+            previous, conversation, s.memory_summary_max_tokens, standing
         )
         generation = self._start_generation(lf, thread_id, resolved, len(exchanges))
         try:

@@ -75,7 +75,7 @@ def test_fold_arithmetic_first_at_21_then_every_11(
     ctx = memory.get_context(tid, "user-42")
     assert ctx.summary_through_seq == 88 and [e.seq for e in ctx.recent] == list(range(89, 101))
     row = _thread_row(tid)
-    assert row.summary_prompt == "builtin:v1" and row.fold_attempts == 0 and row.fold_due_at is None
+    assert row.summary_prompt == "builtin:v2" and row.fold_attempts == 0 and row.fold_due_at is None
 
 
 def test_running_summary_is_carried_into_next_prompt_with_artifact_tail(
@@ -372,7 +372,7 @@ def test_without_llm_the_fold_is_llm_free_and_deterministic(redis_client: redis.
         tid = uuid.uuid4()
         _play(memory, folder, tid, range(1, 22))
         row = _thread_row(tid)
-        assert row.summary_prompt == "llm-free:v1" and row.summary_through_seq == 11
+        assert row.summary_prompt == "llm-free:v2" and row.summary_through_seq == 11
         summaries.append(row.summary)
     assert summaries[0] == summaries[1]
     assert "excluding returns" in (summaries[0] or "").lower()
@@ -416,13 +416,15 @@ def test_an_error_no_retry_can_fix_falls_back_to_the_llm_free_fold_at_once(
         save_session_to_thread_safe(make_snapshot(tid, n), memory=memory)
     llm.set_mode("context_length")
     out = Folder(memory, ConversationSummarizer(s)).fold(tid)
-    assert (out.status, out.through_seq, out.prompt) == ("folded", 11, "llm-free:v1")
+    assert (out.status, out.through_seq, out.prompt) == ("folded", 11, "llm-free:v2")
     assert out.fallback == (
         "not retryable: SummarizationError: LLM HTTP 400 (context_length_exceeded)"
     )
     row = _thread_row(tid)
-    assert (row.fold_attempts, row.fold_due_at, row.summary_prompt) == (0, None, "llm-free:v1")
-    assert row.summary and row.summary.startswith("Goals:")
+    assert (row.fold_attempts, row.fold_due_at, row.summary_prompt) == (0, None, "llm-free:v2")
+    # The LLM-free summary: the condition every query applied leads, as a standing instruction.
+    assert row.summary and row.summary.startswith("Standing instructions:\n")
+    assert "- Applied in SQL: NOT is_return" in row.summary
 
 
 def test_a_retryable_error_falls_back_after_the_attempts_run_out(
@@ -446,4 +448,4 @@ def test_a_retryable_error_falls_back_after_the_attempts_run_out(
     for n in range(22, 33):
         save_session_to_thread_safe(make_snapshot(tid, n), memory=memory)
     again = folder.fold(tid)
-    assert (again.status, again.prompt, again.fallback) == ("folded", "builtin:v1", None)
+    assert (again.status, again.prompt, again.fallback) == ("folded", "builtin:v2", None)

@@ -147,7 +147,7 @@ def summarize(
 def test_builtin_prompt_without_langfuse_keys(llm: FakeLLMServer) -> None:
     result = summarize(ConversationSummarizer(llm_settings(llm)))
 
-    assert result.prompt == "builtin:v1"
+    assert result.prompt == "builtin:v2"
     assert result.model == MODEL
     assert "Revenue by region for 2025 excluding refunds" in result.text
     prompt = llm.prompt_text()
@@ -206,7 +206,7 @@ def test_langfuse_failure_falls_back_to_builtin(
     finally:
         hanging.close()
 
-    assert result.prompt == "builtin:v1"
+    assert result.prompt == "builtin:v2"
     assert "EARLIER-SUMMARY-MARKER" in llm.prompt_text()
     assert elapsed < 20  # bounded: not the SDK's default timeouts and retries
     if failure in ("401", "404"):
@@ -226,7 +226,7 @@ def test_langfuse_prompt_without_conversation_variable_is_not_used(
     with FakeLangfuseServer(prompt_type="text") as lf:
         lf.serve_text_prompt("Summarize.", version=2)
         result = summarize(ConversationSummarizer(lf_settings(llm, public_key, lf.base_url)))
-    assert result.prompt == "builtin:v1"
+    assert result.prompt == "builtin:v2"
 
 
 @pytest.mark.parametrize(
@@ -250,10 +250,37 @@ def test_a_managed_prompt_with_the_wrong_variables_is_refused(
             ConversationSummarizer(lf_settings(llm, public_key, lf.base_url)),
             previous="Earlier: revenue excludes refunds.",
         )
-    assert result.prompt == "builtin:v1"
+    assert result.prompt == "builtin:v2"
     assert PROMPT_REFUSED.labels(reason)._value.get() == before + 1
     # The built-in prompt carries the running summary into the call.
     assert "Earlier: revenue excludes refunds." in llm.prompt_text()
+
+
+def test_a_managed_prompt_may_ask_for_the_standing_instructions_code_found(
+    llm: FakeLLMServer, public_key: str
+) -> None:
+    template = "Known: {{standing_instructions}}\nWas: {{previous_summary}}\n{{conversation}}"
+    with FakeLangfuseServer(prompt_type="text") as lf:
+        lf.serve_text_prompt(template, version=5)
+        result = summarize(
+            ConversationSummarizer(lf_settings(llm, public_key, lf.base_url)),
+            previous="Standing instructions:\n- Show amounts in EUR",
+        )
+    assert result.prompt == "langfuse:conversation_summarizer:v5"
+    prompt = llm.prompt_text()
+    # The previous summary's instruction and the one turn 2 set, one line each.
+    assert "Known: - Show amounts in EUR\n- Define active users as users with a login" in prompt
+    assert "{{" not in prompt
+
+
+def test_the_builtin_prompt_asks_for_the_section_and_lists_what_code_found(
+    llm: FakeLLMServer,
+) -> None:
+    summarize(ConversationSummarizer(llm_settings(llm)), previous=None)
+    prompt = llm.prompt_text()
+    assert 'headed exactly "Standing instructions:"' in prompt
+    found = prompt.split("<standing_instructions>", 1)[1].split("</standing_instructions>")[0]
+    assert found.strip() == "- Define active users as users with a login in the last 30 days"
 
 
 # ------------------------------------------------------------------------- the LLM call
@@ -304,7 +331,7 @@ def test_mode_switch_at_runtime_recovers(llm: FakeLLMServer) -> None:
     with pytest.raises(SummarizationError):
         summarize(summarizer)
     llm.set_mode("ok")
-    assert summarize(summarizer).prompt == "builtin:v1"
+    assert summarize(summarizer).prompt == "builtin:v2"
     assert llm.calls == 2
 
 
@@ -357,7 +384,7 @@ def test_llm_free_fold_is_deterministic_and_keeps_goals_filters_and_builds() -> 
     first = summarize(ConversationSummarizer(settings), exchanges=[REVENUE])
     again = summarize(ConversationSummarizer(settings), exchanges=[REVENUE])
     assert first == again
-    assert first.prompt == "llm-free:v1"
+    assert first.prompt == "llm-free:v2"
     assert (first.model, first.input_tokens, first.output_tokens) == (None, None, None)
 
     second = summarize(ConversationSummarizer(settings), previous=first.text, exchanges=[ACTIVE])

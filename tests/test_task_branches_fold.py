@@ -113,14 +113,16 @@ def test_a_fold_writes_the_summary_and_emits_memory_summarized(
     row = thread_row(tid)
     assert row is not None and row.summary and row.summary_through_seq == 11
     assert (row.summary_prompt, row.fold_lease_token, row.fold_due_at) == (
-        "llm-free:v1",
+        "llm-free:v2",
         None,
         None,
     )
     failures, [done] = stream_events(redis_client, events)
     assert failures == [] and (done.event, done.thread_id) == ("memory_summarized", str(tid))
-    assert (done.fields["through_seq"], done.fields["prompt"]) == ("11", "llm-free:v1")
+    assert (done.fields["through_seq"], done.fields["prompt"]) == ("11", "llm-free:v2")
     assert "fallback" not in done.fields and done.session_id
+    # The LLM-free fold writes the instructions itself: nothing for code to correct.
+    assert (done.fields["instructions_restored"], done.fields["superseded_dropped"]) == ("0", "0")
     assert take_jobs(FOLD_QUEUE, thread_id=str(tid)) == []  # nothing more to fold
 
 
@@ -187,7 +189,7 @@ def test_the_last_llm_attempt_folds_llm_free_and_says_so(
     set_row(tid, fold_attempts=last - 1)
     assert run_job(FOLD, str(tid), retries=last - 1) == {"status": "folded", "through_seq": 11}
     failures, [done] = stream_events(redis_client, events)
-    assert failures == [] and done.fields["prompt"] == "llm-free:v1"
+    assert failures == [] and done.fields["prompt"] == "llm-free:v2"
     assert done.fields["fallback"] == f"{last} failed attempts, last: {LLM_DOWN}"
     row = thread_row(tid)
     assert row is not None and (row.summary_through_seq, row.fold_attempts) == (11, 0)

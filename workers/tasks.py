@@ -268,6 +268,8 @@ def fold_thread(self: MemoryTask, thread_id: Any) -> dict[str, Any]:
             session_id=outcome.session_id or "",
             through_seq=str(outcome.through_seq),
             prompt=outcome.prompt or "",
+            instructions_restored=str(outcome.instructions_restored),
+            superseded_dropped=str(outcome.superseded_dropped),
             **extra,
         )
     if outcome.more_pending:  # a backlog, or turns that came during the fold: keep going

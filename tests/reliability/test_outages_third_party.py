@@ -178,7 +178,7 @@ def test_langfuse_down_folds_use_the_builtin_prompt(
         )
         elapsed = time.monotonic() - started
         rows = thread_rows(tids)
-        assert {r.summary_prompt for r in rows.values()} == {"builtin:v1"}
+        assert {r.summary_prompt for r in rows.values()} == {"builtin:v2"}
         assert all(r.summary and "Running summary" in r.summary for r in rows.values())
         lost, duplicated, _ = Tally(sent).check()
         assert (lost, duplicated) == (0, 0)
@@ -192,5 +192,5 @@ def test_langfuse_down_folds_use_the_builtin_prompt(
         duplicated=duplicated,
         recover_s=None,
         recover=f"no outage seen by memory: 2 folds in {elapsed:.1f} s",
-        checked="both folds succeed with the built-in prompt (summary_prompt builtin:v1)",
+        checked="both folds succeed with the built-in prompt (summary_prompt builtin:v2)",
     )

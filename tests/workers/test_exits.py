@@ -112,7 +112,7 @@ def test_a_prompt_without_previous_summary_never_erases_the_summary(
     assert "langfuse prompt conversation_summarizer v5 refused" in w.log()
     with session_scope() as s:
         thread = s.get(ConversationThread, tid)
-        assert thread is not None and thread.summary_prompt == "builtin:v1"
+        assert thread is not None and thread.summary_prompt == "builtin:v2"
     # The second fold was given the first fold's summary: nothing folded before is lost.
     assert llm.calls == 2
     assert "<previous_summary>\nRunning summary of the analysis." in llm.prompt_text(1)

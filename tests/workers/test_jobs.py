@@ -106,7 +106,7 @@ def test_folds_run_on_the_worker_and_emit_summarized(
         w.log,
     )
     t = thread_row(tid)
-    assert t is not None and t.summary_prompt == "builtin:v1"
+    assert t is not None and t.summary_prompt == "builtin:v2"
     assert llm.calls == 2
     # Successful folds are routine events: on the routine stream, never crowding out failures.
     assert drain_events(redis_client, events_stream) == []

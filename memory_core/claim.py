@@ -1,0 +1,95 @@
+"""The finalize's claim: one upsert that creates the thread or bumps its seq, under its row lock.
+
+It also counts the turn's estimated tokens (the fold token trigger, fold_tokens.py) and marks a
+fold as requested when this turn takes the thread over the turn threshold or the token trigger
+and no fold is pending (or the pending one is overdue: its message was lost).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from functools import cache
+from typing import Any, cast
+
+from sqlalchemy import Integer, Table, bindparam, case, func, literal_column
+from sqlalchemy.dialects.postgresql import insert
+
+from memory_core.models import ConversationThread
+
+# The claim adds a turn's size to at most this (a turn is < 2M): a finalize never overflows int4.
+UNFOLDED_TOKENS_CAP = 1_000_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class SeqClaim:
+    seq: int
+    summary_through_seq: int
+    fold_requested: bool
+
+
+def claim_params(
+    *,
+    thread_id: uuid.UUID,
+    owner_id: str,
+    agent_type: str,
+    title: str,
+    fold_threshold: int,
+    republish_grace_s: int,
+    turn_tokens: int,
+    token_trigger: int,
+) -> dict[str, Any]:
+    """The parameters of `claim_statement` (see the module docstring);
+    `turn_tokens` is the turn's tokens.turn_size (counted only when `token_trigger` > 0)."""
+    return {
+        "id": thread_id,
+        "owner_id": owner_id,
+        "agent_type": agent_type,
+        "title": title,
+        "threshold": fold_threshold,
+        "grace_s": republish_grace_s,
+        "turn_tokens": turn_tokens if token_trigger > 0 else 0,
+        "token_trigger": token_trigger,
+    }
+
+
+@cache
+def claim_statement() -> Any:
+    """Built once: the finalize hot path only binds parameters (no per-call SQL construction)."""
+    t = cast(Table, ConversationThread.__table__)
+    grace = func.make_interval(0, 0, 0, 0, 0, 0, bindparam("grace_s", type_=Integer))
+    overdue = t.c.fold_due_at < func.now() - grace
+    unfolded = t.c.last_seq + 1 - t.c.summary_through_seq
+    over = unfolded > bindparam("threshold", type_=Integer)
+    # The token trigger (the same condition as fold_tokens.token_due): 0 is off.
+    size = bindparam("turn_tokens", type_=Integer)
+    trigger = bindparam("token_trigger", type_=Integer)
+    tokens = func.least(t.c.unfolded_tokens, UNFOLDED_TOKENS_CAP) + size
+    over_tokens = (trigger > 0) & (tokens > trigger) & (unfolded >= 2)
+    needs_fold = (over | over_tokens) & (t.c.fold_due_at.is_(None) | overdue)
+    return (
+        insert(t)
+        .values(
+            id=bindparam("id"),
+            owner_id=bindparam("owner_id"),
+            agent_type=bindparam("agent_type"),
+            title=bindparam("title"),
+            last_seq=1,
+            unfolded_tokens=size,
+        )
+        .on_conflict_do_update(
+            index_elements=[t.c.id],
+            set_={
+                "last_seq": t.c.last_seq + 1,
+                "unfolded_tokens": tokens,
+                "updated_at": func.now(),
+                "fold_due_at": case((needs_fold, func.now()), else_=t.c.fold_due_at),
+            },
+            where=t.c.owner_id == literal_column("excluded.owner_id"),
+        )
+        .returning(
+            t.c.last_seq,
+            t.c.summary_through_seq,
+            (t.c.fold_due_at == func.now()).label("fold_requested"),
+        )
+    )

@@ -1,0 +1,134 @@
+"""The fold token trigger: when the unfolded turns' sizes make a fold due, and what it folds.
+
+`conversation_threads.unfolded_tokens` counts the estimated tokens (`tokens.turn_size`) of the
+unfolded turns: a finalize adds its turn's size (in the claim, under the thread row lock), a
+fold's compare-and-set subtracts the sizes of the turns it folded. A fold is due by tokens when
+the trigger T is on (> 0), unfolded_tokens > T and at least 2 turns are unfolded: a single turn,
+however large, is never folded by tokens (there is nothing to keep verbatim beside it), so a
+fold never asks for a next one that could not fold anything.
+
+The counter only says when to look. A fold decides from the turn rows themselves
+(`token_fold_upto`): it keeps the newest turns whose sizes sum to at most T // 2 (at least the
+newest turn) and folds the rest (at least the oldest unfolded turn). It also corrects the
+counter by what the rows say (`correct_counter`): a counter left behind by a change of the
+setting, or by turns stored before the column existed, is exact again after one fold, and a
+fold that finds nothing to do cannot ask for itself again.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from sqlalchemy import false, func, select, update
+from sqlalchemy.orm import Session
+
+from memory_core.claim import UNFOLDED_TOKENS_CAP
+from memory_core.context import Exchange
+from memory_core.models import ConversationThread, ThreadMessage
+from memory_core.tokens import turn_size
+
+if TYPE_CHECKING:
+    from memory_core.conversation_memory import RedisConversationMemory
+
+__all__ = [
+    "correct_counter",
+    "token_due",
+    "token_fold_upto",
+    "token_upto",
+    "tokens_after_fold",
+    "unfolded_sizes",
+]
+
+
+class LeaseLike(Protocol):
+    """What a fold's lease read from the thread row (folding._Lease)."""
+
+    @property
+    def through(self) -> int: ...
+    @property
+    def last_seq(self) -> int: ...
+    @property
+    def unfolded_tokens(self) -> int: ...
+
+
+def token_due(tokens: Any, unfolded_turns: Any, trigger: int) -> Any:
+    """SQL: a fold is due by tokens (`tokens`, `unfolded_turns`: the row's values as they
+    will be). The claim (models.claim_statement) binds the same condition."""
+    if trigger <= 0:
+        return false()
+    return (tokens > trigger) & (unfolded_turns >= 2)
+
+
+def token_fold_upto(sizes: Sequence[tuple[int, int]], trigger: int) -> int | None:
+    """Highest seq a token-triggered fold covers, or None when none is due.
+
+    `sizes`: (seq, turn_size) of every unfolded turn, oldest first. Keeps the newest turns
+    whose sizes sum to at most `trigger // 2` (at least the newest), folds the rest (at least
+    the oldest).
+    """
+    if trigger <= 0 or len(sizes) < 2 or sum(size for _, size in sizes) <= trigger:
+        return None
+    keep, kept = 1, sizes[-1][1]
+    while keep < len(sizes) - 1 and kept + sizes[-keep - 1][1] <= trigger // 2:
+        kept += sizes[-keep - 1][1]
+        keep += 1
+    return sizes[-keep - 1][0]
+
+
+def unfolded_sizes(
+    session: Session, tid: uuid.UUID, after_seq: int, through_seq: int
+) -> list[tuple[int, int]]:
+    """(seq, turn_size) of the turns after_seq < seq <= through_seq, oldest first."""
+    m = ThreadMessage
+    stmt = (
+        select(m.seq, m.session_id, m.user_query, m.answer, m.artifacts, m.completed_at)
+        .where(m.thread_id == tid, m.seq > after_seq, m.seq <= through_seq)
+        .order_by(m.seq)
+    )
+    return [(row.seq, turn_size(Exchange.from_row(row))) for row in session.execute(stmt)]
+
+
+def correct_counter(session: Session, tid: uuid.UUID, token: uuid.UUID, drift: int) -> None:
+    """Take `drift` (the counter at the lease minus the sizes of the turns it covered) off
+    `unfolded_tokens`, under our lease. A delta, not a value: turns stored since the lease
+    have added their own sizes and keep them."""
+    if drift == 0:
+        return
+    t = ConversationThread
+    session.execute(
+        update(t)
+        .where(t.id == tid, t.fold_lease_token == token)
+        .values(unfolded_tokens=func.greatest(t.unfolded_tokens - drift, 0))
+    )
+
+
+def token_upto(
+    memory: RedisConversationMemory, tid: uuid.UUID, token: uuid.UUID, lease: LeaseLike
+) -> int | None:
+    """The token trigger's part of a fold's plan, under our lease: read the unfolded turns
+    (as of the lease), set the counter right by them, and return the highest seq a fold by
+    tokens covers (at most `max_unfolded_messages` turns), or None. Off, or fewer than 2
+    unfolded turns: None, and nothing is read."""
+    trigger = memory.fold_token_trigger
+    if trigger <= 0 or lease.last_seq - lease.through < 2:
+        return None
+    with memory.session_factory() as session:
+        sizes = unfolded_sizes(session, tid, lease.through, lease.last_seq)
+        exact = min(sum(n for _, n in sizes), UNFOLDED_TOKENS_CAP)  # as a claim would count
+        correct_counter(session, tid, token, lease.unfolded_tokens - exact)
+    upto = token_fold_upto(sizes, trigger)
+    return None if upto is None else min(upto, lease.through + memory.max_unfolded_messages)
+
+
+def tokens_after_fold(
+    session: Session, tid: uuid.UUID, through: int, upto: int, trigger: int
+) -> Any:
+    """SQL: `unfolded_tokens` less the sizes of the folded turns (through < seq <= upto), as
+    the fold's compare-and-set leaves it; unchanged when the trigger is off."""
+    t = ConversationThread
+    if trigger <= 0:
+        return t.unfolded_tokens
+    folded = sum(n for _, n in unfolded_sizes(session, tid, through, upto))
+    return func.greatest(t.unfolded_tokens - folded, 0)

@@ -1,0 +1,172 @@
+"""Standing instructions: detection, keys, supersession, and their section in the LLM-free fold."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from memory_core.artifacts import derive_artifacts
+from memory_core.context import Exchange
+from memory_core.instructions import detect, key_of, sql_conditions
+from memory_core.llm_free_fold import INSTRUCTIONS_HEADER, llm_free_fold, parse_sections
+from memory_core.tokens import count_tokens
+
+
+def turn(seq: int, query: str, sql: tuple[str, ...] = ()) -> Exchange:
+    return Exchange(
+        seq=seq,
+        session_id=uuid.UUID(int=seq),
+        user_query=query,
+        answer="Done.",
+        artifacts=derive_artifacts(sql, (), ()),
+        completed_at=datetime(2026, 12, 1, tzinfo=UTC),
+    )
+
+
+@pytest.mark.parametrize(
+    ("query", "key"),
+    [
+        ("Leave out test accounts.", "filter:test account"),
+        ("Can you exclude internal users from everything?", "filter:internal user"),
+        ("Ignore refunds going forward", "filter:refund"),
+        ("An active customer is one with an order in the last 90 days", "define:active customer"),
+        ("By churned we mean no login for 60 days.", "define:churned"),
+        ("Only the Nordics from now on.", "scope:region"),
+        ("Let's focus on enterprise plans.", "scope:segment"),
+        ("Use fiscal quarters that start in April", "calendar"),
+        ("Show amounts in EUR please", "currency"),
+        ("All timestamps in UTC please", "timezone"),
+        ("Round to thousands.", "number format"),
+        ("Call it GMV, not revenue.", "naming"),
+        ("Always use bar charts from now on", "chart style"),
+    ],
+)
+def test_instructions_phrased_many_ways_are_found_with_their_key(query: str, key: str) -> None:
+    found = detect(query)
+    assert [i.key for i in found] == [key]
+    assert key_of(found[0].text) == key  # a summary read back gives the same key
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "What would revenue be in USD?",  # a question asks once
+        "Which region had the highest revenue last quarter?",
+        "Make that a bar chart",  # changes one chart
+        "Now break that down by region",
+        "Show revenue by month for 2025",
+        "Thanks, that looks great!",
+    ],
+)
+def test_questions_and_one_off_requests_set_no_instruction(query: str) -> None:
+    assert detect(query) == []
+
+
+@pytest.mark.parametrize(
+    ("first", "then"),
+    [
+        ("Leave out test accounts.", "Actually, include test accounts again."),
+        ("Use fiscal quarters that start in April.", "Switch back to calendar quarters."),
+        ("Show amounts in EUR.", "Forget the EUR, use USD."),
+        ("Only the Nordics from now on.", "Let's look at all regions again."),
+        ("Drop refunds from everything.", "Stop excluding refunds."),
+    ],
+)
+def test_a_later_instruction_supersedes_the_earlier_one(first: str, then: str) -> None:
+    summary = llm_free_fold(None, [turn(1, first)], 500)
+    assert first.rstrip(".") in summary
+    after = llm_free_fold(summary, [turn(2, then)], 500)
+    section = parse_sections(after)["instructions"]
+    assert len(section) == 1 and first.rstrip(".") not in after
+    assert key_of(section[0]) == detect(first)[0].key
+
+
+def test_sql_conditions_applied_twice_become_standing_and_a_revocation_drops_them() -> None:
+    q = "SELECT region, SUM(x) FROM orders o JOIN accounts a ON a.id = o.aid WHERE NOT a.is_test"
+    turns = [
+        turn(1, "Revenue by region", (q + " GROUP BY 1",)),
+        turn(2, "Top accounts", (q + " AND o.day BETWEEN 1 AND 5 ORDER BY 2",)),
+    ]
+    summary = llm_free_fold(None, turns, 500)
+    sections = parse_sections(summary)
+    assert "Applied in SQL: NOT a.is_test" in sections["instructions"]
+    assert "Applied in SQL: o.day BETWEEN 1 AND 5" in sections["seen"]  # seen once
+    after = llm_free_fold(summary, [turn(3, "Include test accounts again please.")], 500)
+    assert "is_test" not in after  # neither the condition nor the old queries that applied it
+
+
+def test_conjuncts_split_at_top_level_and_between_stays_whole() -> None:
+    sql = "SELECT 1 FROM t WHERE a = 1 AND (b = 2 OR c = 3) AND d BETWEEN 1 AND 5 GROUP BY 1"
+    assert [c.text for c in sql_conditions(sql)] == [
+        "Applied in SQL: a = 1",
+        "Applied in SQL: (b = 2 OR c = 3)",
+        "Applied in SQL: d BETWEEN 1 AND 5",
+    ]
+
+
+def test_instructions_come_first_and_survive_every_fold_within_the_bound() -> None:
+    rules = [
+        "Leave out test accounts.",
+        "Show amounts in EUR.",
+        "An active customer is one with an order in the last 90 days.",
+        "Use fiscal quarters that start in April.",
+    ]
+    summary: str | None = None
+    seq = 0
+    for fold in range(10):
+        turns = []
+        for _ in range(11):
+            seq += 1
+            query = rules[seq - 1] if seq <= len(rules) else f"Weekly orders for store {seq}?"
+            turns.append(turn(seq, query, (f"SELECT * FROM o WHERE store = {seq} AND w > {fold}",)))
+        summary = llm_free_fold(summary, turns, 300)
+        assert count_tokens(summary) <= 300
+        assert summary.startswith(INSTRUCTIONS_HEADER)
+        for rule in rules:
+            assert rule.rstrip(".") in summary, (fold, rule)
+
+
+_SUBJECTS = st.sampled_from(["test accounts", "internal users", "refunds", "trial plans"])
+_VERBS = st.sampled_from(["Leave out", "Exclude", "Ignore", "Drop", "Please remove"])
+_TAILS = st.sampled_from(["", " from now on", " going forward", " from everything"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(verb=_VERBS, subject=_SUBJECTS, tail=_TAILS, again=st.booleans())
+def test_filter_keys_name_the_subject_and_reread_the_same(
+    verb: str, subject: str, tail: str, again: bool
+) -> None:
+    query = f"{verb} {subject}{tail}."
+    if again:
+        query = f"Actually, include {subject} again."
+    found = detect(query)
+    assert len(found) == 1
+    assert found[0].key == "filter:" + " ".join(w.rstrip("s") for w in subject.split())
+    assert key_of(found[0].text) == found[0].key
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(range(6)), min_size=1, max_size=30), st.integers(80, 600))
+def test_at_most_one_instruction_per_key_and_the_newest_wins(picks: list[int], bound: int) -> None:
+    phrases = [
+        "Show amounts in EUR.",
+        "Report everything in USD from now on.",
+        "Leave out test accounts.",
+        "Include test accounts again.",
+        "Use fiscal quarters that start in April.",
+        "Switch back to calendar quarters.",
+    ]
+    summary: str | None = None
+    for seq, pick in enumerate(picks, start=1):
+        summary = llm_free_fold(summary, [turn(seq, phrases[pick])], bound)
+        assert count_tokens(summary) <= bound
+    section = parse_sections(summary)["instructions"]
+    keys = [key_of(t) for t in section]
+    assert len(keys) == len(set(keys))
+    newest = {detect(phrases[p])[0].key: phrases[p].rstrip(".") for p in picks}
+    for key, text in newest.items():
+        assert not any(key_of(t) == key and t != text for t in section)
