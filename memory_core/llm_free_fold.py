@@ -23,16 +23,9 @@ from collections.abc import Sequence
 
 from memory_core.artifacts import one_line
 from memory_core.context import Exchange
-from memory_core.instructions import (
-    SQL_PREFIX,
-    Instruction,
-    content_words,
-    detect,
-    key_of,
-    revokes_sql,
-    sql_column_words,
-    sql_conditions,
-)
+from memory_core.instructions import Instruction, content_words, detect
+from memory_core.sql_conditions import SQL_PREFIX
+from memory_core.standing import Standing
 from memory_core.tokens import count_tokens, truncate_to_tokens
 
 LLM_FREE_LABEL = "llm-free:v2"
@@ -100,33 +93,6 @@ def parse_sections(summary: str | None) -> dict[str, list[str]]:
     return sections
 
 
-class _Standing:
-    """Instructions in force (one per key, oldest first) and SQL conditions seen once."""
-
-    def __init__(self, instructions: list[str], seen: list[str]) -> None:
-        self.items = {key_of(t): Instruction(key_of(t), t) for t in instructions}
-        self.seen = {key_of(t): Instruction(key_of(t), t) for t in seen}
-        self.revoked_columns: set[str] = set()
-        self.replaced: list[str] = []  # wordings superseded in this fold
-
-    def set(self, ins: Instruction) -> None:
-        if (old := self.items.get(ins.key)) is not None and old.text != ins.text:
-            self.replaced.append(old.text.casefold())
-        for table in (self.items, self.seen):
-            for key in [k for k in table if k.startswith("sql:") and revokes_sql(ins, k)]:
-                self.revoked_columns |= set(key.removeprefix("sql:").split(","))
-                del table[key]
-        self.items.pop(ins.key, None)
-        self.items[ins.key] = ins
-
-    def applied(self, cond: Instruction) -> None:
-        if cond.key in self.items or self.seen.pop(cond.key, None) is not None:
-            self.items.pop(cond.key, None)
-            self.items[cond.key] = cond  # applied twice: a convention of the thread
-        else:
-            self.seen[cond.key] = cond
-
-
 def _revoked_query(line: str, columns: set[str]) -> bool:
     if not line.startswith("SQL:") or not columns:
         return False
@@ -157,9 +123,9 @@ LLM_FREE_TARGET_TOKENS = 500
 
 def _fold_pass(
     previous_summary: str | None, exchanges: Sequence[Exchange]
-) -> tuple[dict[str, list[str]], _Standing]:
+) -> tuple[dict[str, list[str]], Standing]:
     sections = parse_sections(previous_summary)
-    standing = _Standing(sections["instructions"], sections["seen"])
+    standing = Standing(sections["instructions"], sections["seen"])
     for ex in exchanges:
         found = detect(ex.user_query)
         if goal := _goal_besides(ex.user_query, found):
@@ -168,9 +134,9 @@ def _fold_pass(
             standing.set(ins)
         for art in ex.artifacts:
             if art.kind == "sql":
-                for cond in sql_conditions(art.sql):
-                    standing.applied(cond)
+                standing.query(art.sql)
             sections["built"].append(art.one_line())
+    standing.drop_unapplied()
     cols, old = standing.revoked_columns, standing.replaced
     sections["built"] = [b for b in sections["built"] if not _revoked_query(b, cols)]
     # A goal that quoted a superseded instruction would present it as current.
@@ -224,6 +190,5 @@ __all__ = [
     "fold_sections",
     "llm_free_fold",
     "parse_sections",
-    "sql_column_words",
     "standing_after",
 ]

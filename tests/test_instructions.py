@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 
 from memory_core.artifacts import derive_artifacts
 from memory_core.context import Exchange
-from memory_core.instructions import detect, key_of, sql_conditions
+from memory_core.instructions import detect, key_of
 from memory_core.llm_free_fold import INSTRUCTIONS_HEADER, llm_free_fold, parse_sections
+from memory_core.sql_conditions import sql_conditions
 from memory_core.tokens import count_tokens
 
 
@@ -101,7 +102,7 @@ def test_sql_conditions_applied_twice_become_standing_and_a_revocation_drops_the
 
 def test_conjuncts_split_at_top_level_and_between_stays_whole() -> None:
     sql = "SELECT 1 FROM t WHERE a = 1 AND (b = 2 OR c = 3) AND d BETWEEN 1 AND 5 GROUP BY 1"
-    assert [c.text for c in sql_conditions(sql)] == [
+    assert [text for _, text in sql_conditions(sql)] == [
         "Applied in SQL: a = 1",
         "Applied in SQL: (b = 2 OR c = 3)",
         "Applied in SQL: d BETWEEN 1 AND 5",
@@ -170,3 +171,100 @@ def test_at_most_one_instruction_per_key_and_the_newest_wins(picks: list[int], b
     newest = {detect(phrases[p])[0].key: phrases[p].rstrip(".") for p in picks}
     for key, text in newest.items():
         assert not any(key_of(t) == key and t != text for t in section)
+
+
+@pytest.mark.parametrize(
+    ("query", "key", "text"),
+    [
+        # A clause carries the instruction; the whole sentence is what the summary shows.
+        (
+            "Thousands is too granular for the board deck - round to millions.",
+            "number format",
+            "Thousands is too granular for the board deck - round to millions",
+        ),
+        # A dot inside an address does not end the sentence.
+        (
+            "Exclude test bookings - anything made with a @test.travel email.",
+            "filter:test booking",
+            "Exclude test bookings - anything made with a @test.travel email",
+        ),
+        (
+            "Change of plan: use Japan time for dates, the publisher sits in Tokyo.",
+            "timezone",
+            "Change of plan: use Japan time for dates, the publisher sits in Tokyo",
+        ),
+        (
+            "A cancellation only counts if it happened more than 24 hours after booking.",
+            "define:cancellation",
+            "A cancellation only counts if it happened more than 24 hours after booking",
+        ),
+    ],
+)
+def test_instructions_inside_longer_sentences(query: str, key: str, text: str) -> None:
+    assert [(i.key, i.text) for i in detect(query)] == [(key, text)]
+    assert key_of(text) == key
+
+
+def test_moving_a_chart_is_not_a_filter() -> None:
+    assert detect("Drop that into the Summer Season dashboard.") == []
+
+
+@pytest.mark.parametrize(
+    ("first", "then"),
+    [
+        ("Ignore partner-sourced deals, another team books those.", "Put partner deals back in."),
+        (
+            "An active customer is one with an order in the last 90 days.",
+            "Let's tighten that activity rule: ordered within the last 60 days.",
+        ),
+        ("Just the German warehouses for now.", "Add Poland to the warehouse scope."),
+        ("Only tier 2 queues from now on.", "Widen it to tiers 1 and 2 together."),
+        (
+            "Let's focus on enterprise plans for now.",
+            "Scratch the big-customer focus - bring all plans back in, self-serve too.",
+        ),
+        ("Only stores in the North region from now on.", "OK - back to global numbers."),
+    ],
+)
+def test_a_replacement_worded_differently_still_supersedes(first: str, then: str) -> None:
+    summary = llm_free_fold(None, [turn(1, first)], 500)
+    after = llm_free_fold(summary, [turn(2, then)], 500)
+    expected = then.rstrip(".").removeprefix("OK - ")
+    assert parse_sections(after)["instructions"] == [expected[:1].upper() + expected[1:]]
+
+
+def test_a_user_instruction_revokes_the_conditions_it_speaks_about() -> None:
+    q = "SELECT COUNT(*) FROM bookings b JOIN customers c ON c.id = b.cid WHERE "
+    turns = [
+        turn(
+            1,
+            "Bookings by month",
+            (q + "c.email NOT LIKE '%@test.travel' AND c.country IN ('DE', 'AT', 'CH')",),
+        ),
+        turn(
+            2,
+            "Bookings by week",
+            (q + "c.email NOT LIKE '%@test.travel' AND c.country IN ('DE', 'AT', 'CH')",),
+        ),
+    ]
+    summary = llm_free_fold(None, turns, 500)
+    assert len([i for i in parse_sections(summary)["instructions"] if "Applied" in i]) == 2
+    # Its values name the test bookings; a region scope is about the country column.
+    after = llm_free_fold(summary, [turn(3, "Actually, include test bookings again.")], 500)
+    assert "@test.travel" not in after and "c.country IN" in after
+    after = llm_free_fold(after, [turn(4, "Widen the scope to all of Europe.")], 500)
+    assert "c.country IN" not in after
+
+
+def test_a_condition_the_latest_queries_on_its_table_left_out_is_no_longer_standing() -> None:
+    base = "SELECT COUNT(*) FROM orders o WHERE o.day > 1"
+    applied = [turn(n, "Orders", (base + " AND NOT o.is_test",)) for n in (1, 2)]
+    summary = llm_free_fold(None, applied, 500)
+    assert "Applied in SQL: NOT o.is_test" in summary
+    # Queries on another table say nothing about it; one query without it is not enough.
+    other = [turn(3, "Users", ("SELECT COUNT(*) FROM users u WHERE u.age > 1",))]
+    one = [turn(4, "Orders", (base,))]
+    standing = "Applied in SQL: NOT o.is_test"
+    assert standing in parse_sections(llm_free_fold(summary, other + one, 500))["instructions"]
+    two = [turn(5, "Orders", (base,)), turn(6, "Orders", (base + " AND o.x = 1",))]
+    assert standing not in parse_sections(llm_free_fold(summary, two, 500))["instructions"]
