@@ -3,8 +3,9 @@
 After the LLM writes a new summary, the instructions in force are computed without it: those
 of the previous summary's `Standing instructions:` section plus those the folded turns set
 (instructions.py), newest wording per key winning. Every one of them must be in the new
-summary: under the same key in its instructions section, or its content words elsewhere in
-the text (the model may have merged it into a sentence). What the model dropped is put back
+summary's instructions section, under the same key or in other words (its content words in
+the section's lines): the next fold reads instructions back from that section only, so one the
+model mentioned only in prose would be lost a fold later. What the model dropped is put back
 into its section (created at the top when the model wrote none); an instruction the folded
 turns superseded but the model still lists as current is taken out. Both are counted
 (`memory_fold_instructions_total{action}`, fields of the `memory_summarized` event).
@@ -20,8 +21,8 @@ from memory_core.context import Exchange
 from memory_core.instructions import content_words, key_of
 from memory_core.llm_free_fold import INSTRUCTIONS_HEADER, standing_after
 
-# Share of an instruction's content words that must appear elsewhere in the summary for it
-# to count as kept in other words.
+# Share of an instruction's content words that must appear in the section's lines for it to
+# count as kept in other words.
 _PARAPHRASE_SHARE = 0.8
 _NO_LONGER = re.compile(
     r"\b(?:previously|no longer|superseded|replaced|instead of|used to|formerly)\b", re.I
@@ -76,8 +77,8 @@ def carry_forward(
     stale = [i for i in items if old and _is_stale(i, current, old)]
     kept_items = [i for i in items if i not in stale]
     listed = {key_of(_ITEM.sub("", i).strip()) for i in kept_items}
-    rest = "\n".join(lines[: span[0]] + lines[span[1] :]) if span else new_text
-    words = content_words(rest) | {w for i in kept_items for w in content_words(i)}
+    # Only the section counts: the next fold reads instructions back from it, not from prose.
+    words = {w for i in kept_items for w in content_words(i)}
     missing = [
         t
         for t in expected

@@ -79,6 +79,18 @@ def test_a_summary_without_the_section_gets_one_at_the_top() -> None:
     assert out.text.endswith("\n\nThe user looks at products sold in March.")
 
 
+def test_an_instruction_only_in_prose_is_listed_in_the_section_too() -> None:
+    """The next fold reads instructions back from the section only: prose would lose it."""
+    model = "The user excludes test accounts and wants amounts in EUR.\n\nStanding instructions:"
+    out = carry_forward(PREVIOUS, DISTRACTOR, model)
+    assert out.restored == 3
+    assert instructions(out.text) == [
+        "Leave out test accounts",
+        "Show amounts in EUR",
+        "An active customer is one with an order in the last 90 days",
+    ]
+
+
 def test_a_rewording_under_the_same_key_counts_as_kept() -> None:
     model = (
         "**Standing instructions:**\n"
