@@ -32,6 +32,7 @@ def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
         ["events", "tail"],
         ["bench", "core"],
         ["bench", "workers"],
+        ["eval", "fidelity"],
     ],
 )
 def test_every_command_has_help(command: list[str]) -> None:

@@ -15,6 +15,7 @@ import sys
 import typer
 
 from memory_core.cli.bench import bench_app
+from memory_core.cli.eval import eval_app
 from memory_core.cli.inspect import context, events_app
 from memory_core.cli.lifecycle import forget, retention_app, threads_app
 from memory_core.cli.service import flower, migrate, worker
@@ -32,6 +33,7 @@ app.add_typer(threads_app, name="threads")
 app.add_typer(retention_app, name="retention")
 app.add_typer(events_app, name="events")
 app.add_typer(bench_app, name="bench")
+app.add_typer(eval_app, name="eval")
 
 
 @app.command()

@@ -1,0 +1,82 @@
+"""`agent-memory eval fidelity`: do standing instructions survive folding?
+
+Plays the scripted analytics conversations of memory_core/eval through a real worker (the
+demo's services and worker) and scores the `brief` and `sql` views after the last fold: per
+conversation, then for the tuning set, the held-out set and overall. Progress goes to stderr;
+the table, `--markdown` or `--json` to stdout. The figures are the result: exit 0 whenever the
+eval ran, 1 with one line on stderr when a step failed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from memory_core.cli.errors import fail
+
+eval_app = typer.Typer(help="Evaluations of what memory keeps.", no_args_is_help=True)
+
+
+def _one_line(exc: BaseException) -> str:
+    line = (str(exc).strip().splitlines() or [""])[0]
+    from memory_core.cli.demo import DemoError
+
+    return line if isinstance(exc, DemoError) else f"{type(exc).__name__}: {line}"
+
+
+@eval_app.command("fidelity")
+def fidelity_cmd(
+    limit: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Only the first N conversations (the tuning set shortest first, then "
+            "the held-out set).",
+        ),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="The report as JSON on stdout.")] = False,
+    markdown: Annotated[
+        bool, typer.Option("--markdown", help="The table as Markdown, for docs/BENCHMARKS.md.")
+    ] = False,
+) -> None:
+    """Play scripted analytics conversations through a real worker and score the views.
+
+    Which standing instructions reach the brief and sql views after the last fold, and which
+    replaced ones wrongly remain current; the stored summary against its bound. Aggregates for
+    the tuning set, the held-out set (never tuned against) and overall.
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    from memory_core.eval import corpus
+    from memory_core.eval.report import COLUMNS, headline, table_rows
+    from memory_core.eval.report import markdown as as_markdown
+    from memory_core.eval.runner import run_fidelity
+
+    if as_json and markdown:
+        fail("choose one of --json and --markdown")
+    conversations = corpus()[:limit] if limit else corpus()
+    progress = Console(stderr=True, highlight=False)
+    try:
+        report = run_fidelity(progress, Path.cwd() / ".agent-memory" / "eval", conversations)
+    except KeyboardInterrupt:
+        fail("eval interrupted")
+    except Exception as exc:
+        fail(f"eval failed: {_one_line(exc)}")
+    if as_json:
+        typer.echo(json.dumps(report, indent=2))
+        return
+    if markdown:
+        typer.echo(as_markdown(report), nl=False)
+        return
+    table = Table(*COLUMNS, title="Context fidelity after the last fold")
+    for row in table_rows(report):
+        table.add_row(*row)
+    out = Console(highlight=False)
+    if not out.is_terminal:  # a pipe or a file: room for every column
+        out.width = max(out.width, 170)
+    out.print(headline(report), markup=False)
+    out.print(table)

@@ -1,0 +1,33 @@
+"""`agent-memory eval fidelity`: do standing instructions survive folding, and do replaced ones go?
+
+corpus.py (the model of a scenario, its facts), filler.py (the turns between instructions and
+the SQL every turn runs), scenarios_a..d.py (the twelve scripted analytics conversations the
+instruction detector was tuned on), scenarios_e.py and scenarios_f.py (six held-out ones that
+nobody tunes against), scoring.py (probes over a rendered view), runner.py (plays the corpus
+through a real worker and scores the views after the last fold), report.py (the rows and the
+tuning, held-out and overall aggregates).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from memory_core.eval.corpus import Conversation, Fact
+from memory_core.eval.filler import Script
+from memory_core.eval.scenarios_a import SCENARIOS as _A
+from memory_core.eval.scenarios_b import SCENARIOS as _B
+from memory_core.eval.scenarios_c import SCENARIOS as _C
+from memory_core.eval.scenarios_d import SCENARIOS as _D
+from memory_core.eval.scenarios_e import SCENARIOS as _E
+from memory_core.eval.scenarios_f import SCENARIOS as _F
+
+# The tuning set shortest first (`--limit 2` is the quickest smoke run), then the held-out set.
+SCENARIOS = _A + _B + _C + _D + _E + _F
+
+__all__ = ["SCENARIOS", "Conversation", "Fact", "corpus"]
+
+
+@lru_cache(maxsize=1)
+def corpus() -> tuple[Conversation, ...]:
+    """The built conversations, in SCENARIOS order (the same on every call and machine)."""
+    return tuple(Script(s).build() for s in SCENARIOS)
