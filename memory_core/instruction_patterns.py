@@ -25,7 +25,7 @@ CUE = _rx(
     r"|keep in mind|make sure|never|no longer|stop|anymore|any more|again|switch(?:ed|ing)? "
     r"(?:to|back)|go back to|back to|stick (?:to|with)|instead|throughout|unless I say"
     r"|until I say|change of plan|scratch|widen|broaden|expand|tighten|loosen|as a whole"
-    r"|alongside)\b"
+    r"|alongside|back in|back into|comes? back|(?:are|is) back|counted again)\b"
 )
 STRONG_CUE = _rx(
     r"\b(?:from now on|going forward|from here on|by default|always|for the rest|remember)\b"
@@ -46,7 +46,7 @@ IMPERATIVE = _rx(
     r"|change|let's|lets|let us|from|going|always|never|don't|do not|stop|only|just|everything"
     r"|all|no|we|our|i'd like|i want|i need|note|remember|please|forget|instead|actually|widen"
     r"|broaden|expand|open|scratch|tighten|loosen|relax|pin|move|back|take|express|state"
-    r"|quote|list|measure)\b"
+    r"|quote|list|measure|nothing|none)\b"
 )
 
 # ------------------------------------------------------------------ categories
@@ -57,12 +57,27 @@ DEFINE = [
     _rx(rf"\bdefine\s+(?P<x>{_SUBJECT})\s+as\b"),
     _rx(rf"\b(?P<x>{_SUBJECT})\s+(?:is|are)\s+defined\s+as\b"),
     _rx(rf"\btreat\s+(?P<x>{_SUBJECT})\s+as\b"),
-    _rx(rf"\b(?P<x>{_SUBJECT})\s+(?:should\s+)?counts?\s+as\b"),
+    # "X counts as retained" defines "retained".
+    _rx(r"\bcounts?\s+as\s+(?P<x>[\w'-]+(?:\s+(?!if\b|when\b|unless\b)[\w'-]+)?)"),
+    _rx(
+        rf"\b(?P<x>{_SUBJECT})\s+(?:runs|goes|is measured|is counted|is computed"
+        r"|is calculated)\s+(?:from|as|by)\b"
+    ),
+    _rx(rf"^(?P<x>{_SUBJECT})\s*=\s*\S"),
+    _rx(
+        rf"\b(?P<x>{_SUBJECT})\s+(?:is|are)\s+[\w' -]{{2,40}}?\s+(?:over|divided by|minus"
+        r"|plus|times)\s"
+    ),
     _rx(
         rf"\b(?P<x>{_SUBJECT})\s+(?:only\s+)?(?:counts?|qualif(?:y|ies))\s+(?:only\s+)?"
         r"(?:if|when|once|after|unless)\b"
     ),
     _rx(rf"\bconsider\s+(?P<x>{_SUBJECT})\s+(?:as|to be)\b"),
+    _rx(
+        rf"\b(?:tighten|loosen|relax|change|update|adjust|revise|redefine|move|new)(?:ed|d|s)?"
+        rf"\s+(?:(?:that|the|our|this)\s+)?(?P<x>{_SUBJECT})\s+(?:rule|definition|threshold"
+        r"|criteria|criterion|cut-?off|window)\b"
+    ),
     _rx(
         rf"\b(?:tighten|loosen|relax|change|update|adjust|revise|redefine|move)\s+(?:that|the"
         rf"|our|this)\s+(?P<x>{_SUBJECT})\s+(?:rule|definition|threshold|criteria|criterion"
@@ -81,12 +96,16 @@ REVOKE_FILTER = _rx(
     r"|skip|omitting|omit)\s+(?P<x>[^.;,?!]+)"
     rf"|\b(?:{_BACK_VERBS})\s+(?:back\s+)?(?P<y>[^.;,?!]+?)\s+(?:again|back|too|as well)\b"
     rf"|\b(?:{_BACK_VERBS})\s+back\s+(?:in\s+)?(?P<z>[^.;,?!]+)"
+    rf"|(?P<w>{_SUBJECT})\s+(?:come|comes|go|goes|are|is|should be|can be|belongs?)\s+back\b"
+    rf"|(?P<v>{_SUBJECT})\s+(?:should\s+be\s+|are\s+|is\s+|can\s+be\s+)?counted\s+again\b"
+    rf"|(?P<u>{_SUBJECT})\s+belongs?\s+in\s+[\w ]{{0,20}}?\s*again\b"
+    r"|\binclude\s+(?P<t>[^.;,?!]+)"
 )
 FILTER = _rx(
     r"\b(?:exclude|excluding|leave out|leaving out|ignore|ignoring|drop|dropping|remove|removing"
     r"|filter out|filtering out|skip|skipping|omit|omitting|don't count|do not count"
     r"|don't include|do not include|not including|without|minus|strip out|take out|get rid of"
-    r"|exclusive of|disregard)\s+(?P<x>[^.;,?!]+)"
+    r"|exclusive of|disregard|nothing from|none of)\s+(?P<x>[^.;,?!]+)"
     rf"|\b(?:leave|keep|take|filter|strip)\s+(?P<y>{_SUBJECT})\s+out\b"
 )
 FILTER_PASSIVE = _rx(
@@ -97,7 +116,8 @@ FILTER_PASSIVE = _rx(
 SCOPE = _rx(
     r"\b(?:only|just|focus(?:ing)? (?:only )?on|restrict(?:ed)? (?:it |this |everything )?to"
     r"|limit(?:ed)? (?:it |this |everything )?to|stick (?:to|with)"
-    r"|narrow (?:it |this )?(?:down )?to|concentrate on|zoom in on|scope (?:it |this )?to)"
+    r"|narrow (?:it |this )?(?:down )?to|concentrate on|zoom in on|scope (?:it |this )?to"
+    r"|keep (?:it |this |things |everything )?to)"
     r"\s+(?:the\s+)?(?P<x>[^.;,?!]+)"
     rf"|\badd\s+(?P<y>{_SUBJECT})\s+to\s+(?:the|our|this)\s+(?:[\w-]+\s+)?(?:mix|scope|list"
     r"|selection|analysis|set|filter)\b"
@@ -106,6 +126,8 @@ SCOPE_RESET = _rx(
     r"\b(?:all|every|both)\s+(?P<x>regions?|countries|markets|segments|plans|tiers|channels"
     r"|products|categories)\b|\b(?:widen|expand|broaden|open)\b[^.;?!]*?\bto\s+(?P<y>[^.;,?!]+)"
     r"|\bback to\s+(?P<z>global|worldwide|all\s+\w+|the whole\s+\w+|every\s*\w+)"
+    r"|\b(?:so|back to|include|including)\s+all\s+(?P<v>[\w-]+(?:\s+[\w-]+)?s)\s*$"
+    r"|\ball\s+(?P<u>[\w-]+(?:\s+[\w-]+)?s)\s+again\b"
     r"|\b(?:drop|remove|lift|scratch|forget|lose)\s+the\s+(?P<w>[\w-]+\s+(?:restriction|focus"
     r"|scope|filter|limit|cut))\b"
 )
@@ -118,6 +140,7 @@ REGIONS = (
     r"|switzerland|swiss|austria|austrian|belgium|portugal|ireland|korea|singapore|british"
     r"|regions?|regional|countr(?:y|ies)|markets?|territor(?:y|ies)|global|worldwide"
     r"|international|domestic|west|east|north|south|northern|southern|eastern|western"
+    r"|cit(?:y|ies)|provinces?|states?|columbia|alberta|ontario|quebec"
 )
 SCOPE_CATEGORIES = {
     "region": _rx(rf"\b(?:{REGIONS})\b"),
@@ -166,7 +189,15 @@ CONVENTIONS = [
         "units",
         _rx(
             r"\b(?:metric|imperial|kilomet(?:er|re)s?|miles?|kilograms?|kgs?|lbs|litres?"
-            r"|liters?|gallons?|units? of measure)\b"
+            r"|liters?|gallons?|units? of measure|[kmgt]wh|kw|mw|watts?|per (?:1,?000|100"
+            r"|thousand|million))\b"
+        ),
+    ),
+    (
+        "preference",
+        _rx(
+            r"\b(?:use|show|report|display|count|measure|quote)\s+[\w' -]{2,30}?,?\s+"
+            r"(?:not|instead of|rather than)\s+\w"
         ),
     ),
     (

@@ -104,6 +104,8 @@ def _filter(sentence: str) -> str | None:
             obj = next((g for g in m.groups() if g), "")
             if _PRONOUN.match(obj):  # "drop that into the dashboard" moves a chart
                 continue
+            if scope_kind(obj) == "region":  # "Alberta comes back in" changes the scope
+                return "scope:region"
             if subject := _norm(obj):
                 return f"filter:{subject}"
     return None
@@ -146,8 +148,10 @@ def key_of(text: str) -> str:
     """The key of an instruction's text (a stored summary line included)."""
     if text.startswith(SQL_PREFIX):
         return sql_key(text[len(SQL_PREFIX) :])
-    key = _category(text)
-    if key is None:  # a clause may carry it ("thousands is too coarse - round to millions")
+    # As detect() keyed it: a clause may carry it ("thousands is too coarse - round to millions").
+    found = _sentence_keys(text, text)
+    key = found[0][0] if len(found) == 1 else _category(text)
+    if key is None:
         key = next((k for c in _clauses(text) if (k := _category(c))), None)
     return key or "text:" + " ".join(sorted(content_words(text)))[:120]
 
@@ -165,7 +169,12 @@ def same_subject(a: str, b: str) -> bool:
         return False
 
     def match(w: str) -> bool:
-        return any(w == v or (len(w) >= 5 and len(v) >= 5 and w[:5] == v[:5]) for v in long)
+        return any(
+            w == v
+            or (min(len(w), len(v)) >= 4 and (w.startswith(v) or v.startswith(w)))
+            or (len(w) >= 5 and len(v) >= 5 and w[:5] == v[:5])
+            for v in long
+        )
 
     return all(match(w) for w in short)
 
@@ -177,32 +186,57 @@ def _clean(sentence: str) -> str:
     return text
 
 
+_CLAUSE = re.compile(r"\s+[-\u2013\u2014]+\s+|:\s+|;\s*|,\s+(?=(?:and|so|but|then)\s)")
+
+
 def _clauses(text: str) -> list[str]:
-    parts = re.split(r"\s+[-\u2013\u2014]+\s+|:\s+|;\s*", text)
+    parts = _CLAUSE.split(text)
     return [_clean(p) for p in parts if p.strip()]
 
 
 _SENTENCE = re.compile(r"(?<=[.!?;])\s+|\n+")
 
 
-def _sentence_key(raw: str, text: str) -> str | None:
-    """The key a sentence sets, or None when it sets none (a question, one-off request)."""
+def _qualified_key(clause: str, text: str, raw: str) -> str | None:
+    """The key `clause` (of sentence `text`) sets, or None (a question, a one-off request)."""
     cue = bool(CUE.search(text))
     polite = bool(re.match(r"\s*(?:please|can you|could you|would you|will you)\b", raw, re.I))
-    question = raw.rstrip().endswith("?") and not (polite or STRONG_CUE.search(text))
-    for clause in [text, *_clauses(text)][: 1 if question else None]:
-        key = _category(clause)
-        definition = key is not None and key.startswith("define:")
-        lasting = polite or STRONG_CUE.search(text)
-        asks = question or (QUESTION_START.match(clause) and not lasting)
-        if key is None or (asks and not definition):
-            continue
-        if not (cue or IMPERATIVE.match(clause) or definition):
-            continue
-        if key in CUE_ONLY and not cue:  # "make that a bar chart" changes one chart
-            continue
+    lasting = polite or bool(STRONG_CUE.search(text))
+    key = _category(clause)
+    if key is None:
+        return None
+    definition = key.startswith("define:")
+    asks = (raw.rstrip().endswith("?") and clause == text) or QUESTION_START.match(clause)
+    if asks and not (lasting or definition):
+        return None
+    if not (cue or IMPERATIVE.match(clause) or definition):
+        return None
+    if key in CUE_ONLY and not cue:  # "make that a bar chart" changes one chart
+        return None
+    return key
+
+
+# Where one sentence may hold two instructions (a dash or colon introduces a detail instead).
+_PARTS = re.compile(r";\s*|,\s+(?=(?:and|also|then|plus)\s)")
+
+
+def _part_key(part: str, text: str, raw: str) -> str | None:
+    """The key of one part of a sentence: the part's own, or its first clause's."""
+    if key := _qualified_key(part, text, raw):
         return key
-    return None
+    return next((k for c in _clauses(part) if (k := _qualified_key(c, text, raw))), None)
+
+
+def _sentence_keys(raw: str, text: str) -> list[tuple[str, str]]:
+    """(key, text) of what a sentence sets: one instruction worded by the whole sentence, or
+    one per part when its parts set different things ("only cohort courses, and nothing
+    from the corporate academy")."""
+    parts = [_clean(p) for p in _PARTS.split(text) if p.strip()]
+    found = [(k, p) for p in parts if (k := _part_key(p, text, raw))]
+    if len({k for k, _ in found}) > 1:
+        return list({k: (k, p) for k, p in reversed(found)}.values())[::-1]
+    key = _qualified_key(text, text, raw) or (found[0][0] if found else None)
+    return [(key, text)] if key else []
 
 
 def detect(query: str) -> list[Instruction]:
@@ -210,7 +244,9 @@ def detect(query: str) -> list[Instruction]:
     out: list[Instruction] = []
     for raw in _SENTENCE.split(query):
         text = _clean(raw.strip().rstrip(".;!?").strip())
-        if len(text) >= 6 and (key := _sentence_key(raw, text)):
-            shown = text[:1].upper() + text[1:]
+        if len(text) < 6:
+            continue
+        for key, words in _sentence_keys(raw, text):
+            shown = words[:1].upper() + words[1:]
             out.append(Instruction(key, one_line(shown, MAX_CHARS)))
     return out

@@ -10,7 +10,7 @@ has been dropped by the agent, and goes too.
 from __future__ import annotations
 
 from memory_core.instructions import Instruction, content_words, key_of, same_subject, scope_kind
-from memory_core.sql_conditions import applies, revokes, sql_conditions
+from memory_core.sql_conditions import applies, condition_words, revokes, sql_conditions
 
 # Later queries on a condition's table that must all leave it out before it is dropped.
 UNAPPLIED_QUERIES = 2
@@ -43,11 +43,17 @@ class Standing:
             old = self.items.pop(key)
             if old.text != ins.text:
                 self.replaced.append(old.text.casefold())
+        revoked: set[str] = set()
         for table in (self.items, self.seen):
             for key in [k for k, v in table.items() if k.startswith("sql:")]:
                 if _speaks_about(ins, table[key].text):
                     self.revoked_columns |= set(key.removeprefix("sql:").split(","))
-                    del table[key]
+                    revoked |= condition_words(table.pop(key).text)
+        # An instruction the revoked SQL applied goes with it: "all delivery modes" revokes
+        # `co.mode = 'cohort'`, and so "only the cohort courses".
+        for key in [k for k in self.items if not k.startswith("sql:")]:
+            if revoked & content_words(key.partition(":")[2]):
+                self.replaced.append(self.items.pop(key).text.casefold())
         self.items[ins.key] = ins
 
     def query(self, sql: str) -> None:

@@ -268,3 +268,48 @@ def test_a_condition_the_latest_queries_on_its_table_left_out_is_no_longer_stand
     assert standing in parse_sections(llm_free_fold(summary, other + one, 500))["instructions"]
     two = [turn(5, "Orders", (base,)), turn(6, "Orders", (base + " AND o.x = 1",))]
     assert standing not in parse_sections(llm_free_fold(summary, two, 500))["instructions"]
+
+
+@pytest.mark.parametrize(
+    ("query", "key"),
+    [
+        (
+            "Time to hire runs from the day the req opens to the day the offer is signed.",
+            "define:time hire",
+        ),
+        ("Loss ratio is incurred claims over earned premium, as a percent.", "define:loss ratio"),
+        (
+            "Active learner = at least one lesson finished in the past 14 days.",
+            "define:active learner",
+        ),
+        ("A renewal up to 30 days after expiry still counts as retained.", "define:retained"),
+        ("Report kWh, not MWh - the retail team thinks in kilowatt-hours.", "units"),
+        ("Alberta and British Columbia come back in.", "scope:region"),
+        ("Auditors should be counted again.", "filter:auditor"),
+        ("Include pickup orders from here on.", "filter:pickup order"),
+    ],
+)
+def test_definitions_units_and_take_backs_in_other_shapes(query: str, key: str) -> None:
+    assert [i.key for i in detect(query)] == [key]
+
+
+def test_two_instructions_in_one_sentence_are_two_lines() -> None:
+    found = detect(
+        "Two more rules: only the cohort courses, and nothing from the corporate academy."
+    )
+    assert [(i.key, i.text) for i in found] == [
+        ("scope:cohort course", "Two more rules: only the cohort courses"),
+        ("filter:corporate academy", "Nothing from the corporate academy"),
+    ]
+    # A dash or a colon adds a detail: still one instruction.
+    assert len(detect("Scratch the big-customer focus - bring all plans back in.")) == 1
+
+
+def test_an_instruction_goes_with_the_sql_condition_that_applied_it() -> None:
+    q = "SELECT COUNT(*) FROM courses co WHERE co.mode = 'cohort'"
+    turns = [turn(1, "Only the cohort courses from now on.", (q,)), turn(2, "Count", (q,))]
+    summary = llm_free_fold(None, turns, 500)
+    assert len(parse_sections(summary)["instructions"]) == 2
+    # "delivery modes" names the condition's column; "cohort" links the user's instruction.
+    after = llm_free_fold(summary, [turn(3, "Live courses are back, so all delivery modes.")], 500)
+    assert parse_sections(after)["instructions"] == ["Live courses are back, so all delivery modes"]
