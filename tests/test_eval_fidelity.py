@@ -27,6 +27,8 @@ from memory_core.eval import (
     scenarios_d,
     scenarios_e,
     scenarios_f,
+    scenarios_g,
+    scenarios_h,
 )
 from memory_core.eval.corpus import TAIL_TURNS, Conversation, Fact, Scenario, turn_text
 from memory_core.eval.filler import Script
@@ -38,8 +40,10 @@ from tests.support import REPO
 
 CONVERSATIONS = corpus()
 IDS = [c.name for c in CONVERSATIONS]
-TUNING = [s for m in (scenarios_a, scenarios_b, scenarios_c, scenarios_d) for s in m.SCENARIOS]
-HELD_OUT = [*scenarios_e.SCENARIOS, *scenarios_f.SCENARIOS]
+FIRST = (scenarios_a, scenarios_b, scenarios_c, scenarios_d)  # tuned on from the start
+LATER = (scenarios_e, scenarios_f)  # written held-out, tuning data since
+TUNING = [s for m in (*FIRST, *LATER) for s in m.SCENARIOS]
+HELD_OUT = [*scenarios_g.SCENARIOS, *scenarios_h.SCENARIOS]
 SMOKE_TIMEOUT_S = 240
 
 
@@ -55,15 +59,18 @@ def _lines(conv: Conversation, start: int) -> list[tuple[int, str]]:
 # ---------------------------------------------------------------- the corpus
 
 
-def test_the_corpus_has_twelve_tuning_then_six_held_out_conversations() -> None:
-    assert len(set(IDS)) == len(IDS)
+def test_the_corpus_has_eighteen_tuning_then_six_held_out_conversations() -> None:
+    assert len(set(IDS)) == len(IDS) == 24
     tuning = [c for c in CONVERSATIONS if not c.holdout]
     held_out = [c for c in CONVERSATIONS if c.holdout]
-    assert (len(tuning), len(held_out)) == (12, 6)
+    assert (len(tuning), len(held_out)) == (18, 6)
     assert list(CONVERSATIONS) == tuning + held_out  # `--limit N` takes the tuning set first
+    assert [c.name for c in tuning] == [s.name for s in TUNING]
+    assert [c.name for c in held_out] == [s.name for s in HELD_OUT]
     lengths = [len(c.turns) for c in CONVERSATIONS]
     assert all(40 <= n <= 120 for n in lengths) and len(set(lengths)) == len(lengths)
-    for group in (tuning, held_out):  # each shortest first
+    first = sum(len(m.SCENARIOS) for m in FIRST)
+    for group in (tuning[:first], tuning[first:], held_out):  # each shortest first
         assert [len(c.turns) for c in group] == sorted(len(c.turns) for c in group)
     assert sum(len(c.superseded) for c in CONVERSATIONS) >= 12
     with_sql = sum(bool(t.sql) for c in CONVERSATIONS for t in c.turns)
@@ -79,7 +86,7 @@ def test_a_held_out_conversation_is_shaped_like_the_tuning_set(scenario: Scenari
 
 
 def test_held_out_instructions_are_worded_anew() -> None:
-    """No held-out message or answer repeats one of the tuning set (scenarios_a..d)."""
+    """No held-out message or answer repeats one of the tuning set (scenarios_a..f)."""
     tuning = {t for s in TUNING for say in s.says for t in (say.query, say.answer)}
     for scenario in HELD_OUT:
         for say in scenario.says:

@@ -33,8 +33,8 @@ def fidelity_cmd(
         int | None,
         typer.Option(
             min=1,
-            help="Only the first N conversations (the tuning set shortest first, then "
-            "the held-out set).",
+            help="Only the first N conversations (the tuning set, a..d then e..f, each "
+            "shortest first; then the held-out set).",
         ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="The report as JSON on stdout.")] = False,

@@ -1,8 +1,8 @@
 """`agent-memory eval fidelity`: do standing instructions survive folding, and do replaced ones go?
 
 corpus.py (the model of a scenario, its facts), filler.py (the turns between instructions and
-the SQL every turn runs), scenarios_a..d.py (the twelve scripted analytics conversations the
-instruction detector was tuned on), scenarios_e.py and scenarios_f.py (six held-out ones that
+the SQL every turn runs), scenarios_a..f.py (the eighteen scripted analytics conversations the
+instruction detector is tuned on), scenarios_g.py and scenarios_h.py (six held-out ones that
 nobody tunes against), scoring.py (probes over a rendered view), runner.py (plays the corpus
 through a real worker and scores the views after the last fold), report.py (the rows and the
 tuning, held-out and overall aggregates).
@@ -20,9 +20,12 @@ from memory_core.eval.scenarios_c import SCENARIOS as _C
 from memory_core.eval.scenarios_d import SCENARIOS as _D
 from memory_core.eval.scenarios_e import SCENARIOS as _E
 from memory_core.eval.scenarios_f import SCENARIOS as _F
+from memory_core.eval.scenarios_g import SCENARIOS as _G
+from memory_core.eval.scenarios_h import SCENARIOS as _H
 
-# The tuning set shortest first (`--limit 2` is the quickest smoke run), then the held-out set.
-SCENARIOS = _A + _B + _C + _D + _E + _F
+# The tuning set (a..d shortest first, then e..f shortest first: `--limit 2` is the quickest
+# smoke run), then the held-out set shortest first.
+SCENARIOS = _A + _B + _C + _D + _E + _F + _G + _H
 
 __all__ = ["SCENARIOS", "Conversation", "Fact", "corpus"]
 

@@ -1,7 +1,8 @@
-"""Held-out fidelity scenarios 13-15: health claims, energy metering, recruiting.
+"""Fidelity scenarios 13-15: health claims, energy metering, recruiting.
 
-Held-out (scenarios_e.py and scenarios_f.py): written without looking at the instruction
-detector and never tuned against; the report gives their figures on their own. The wording of
+Written as a held-out set (scenarios_e.py and scenarios_f.py), without looking at the
+instruction detector; the detector is now tuned on them, so they are tuning data
+(`holdout=False`) and the held-out set is scenarios_g.py and scenarios_h.py. The wording of
 every instruction and of its replacement is new (none repeats scenarios_a..d); some messages
 carry two instructions (two Says at the same turn), some hide one inside a longer question.
 """
@@ -17,7 +18,7 @@ PEAK = "EXTRACT(HOUR FROM r.read_at) BETWEEN {} AND {} AND EXTRACT(ISODOW FROM r
 CLAIMS = Scenario(
     name="health-claims",
     turns=46,
-    holdout=True,
+    holdout=False,
     domain=Domain(
         tables="claims cl\nJOIN members mb ON mb.id = cl.member_id",
         base=(("ts", "cl.submitted_at"), ("amount", "cl.paid_usd"), ("alias", "paid"),
@@ -103,7 +104,7 @@ CLAIMS = Scenario(
 GRID = Scenario(
     name="energy-metering",
     turns=53,
-    holdout=True,
+    holdout=False,
     domain=Domain(
         tables="readings r\nJOIN meters m ON m.id = r.meter_id",
         base=(("ts", "r.read_at"), ("amount", "r.energy_kwh / 1000.0"), ("alias", "mwh"),
@@ -186,7 +187,7 @@ GRID = Scenario(
 HIRING = Scenario(
     name="hr-recruiting",
     turns=64,
-    holdout=True,
+    holdout=False,
     domain=Domain(
         tables="applications ap\nJOIN requisitions rq ON rq.id = ap.requisition_id",
         base=(("ts", "ap.applied_at"), ("amount", "ap.offer_salary_usd"),

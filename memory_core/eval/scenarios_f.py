@@ -1,6 +1,6 @@
-"""Held-out fidelity scenarios 16-18: insurance policies, online courses, food delivery.
+"""Fidelity scenarios 16-18: insurance policies, online courses, food delivery.
 
-Held-out like scenarios_e.py: written blind to the instruction detector, never tuned against.
+Written blind to the instruction detector like scenarios_e.py, and tuning data since, like it.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ W = "where"
 POLICIES = Scenario(
     name="insurance-policies",
     turns=76,
-    holdout=True,
+    holdout=False,
     domain=Domain(
         tables="policies po\nJOIN policyholders ph ON ph.id = po.holder_id",
         base=(("ts", "po.bound_at"), ("amount", "po.written_premium_cad"),
@@ -107,7 +107,7 @@ POLICIES = Scenario(
 COURSES = Scenario(
     name="edtech-courses",
     turns=89,
-    holdout=True,
+    holdout=False,
     domain=Domain(
         tables="enrolments en\nJOIN courses co ON co.id = en.course_id",
         base=(("ts", "en.enrolled_at"), ("amount", "en.fee_usd"), ("alias", "fee_revenue"),
@@ -197,7 +197,7 @@ COURSES = Scenario(
 DELIVERY = Scenario(
     name="food-delivery",
     turns=105,
-    holdout=True,
+    holdout=False,
     domain=Domain(
         tables="deliveries dl\nJOIN restaurants rs ON rs.id = dl.restaurant_id",
         base=(("ts", "dl.placed_at"), ("amount", "dl.order_value_eur"), ("alias", "order_value"),
