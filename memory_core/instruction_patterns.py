@@ -25,7 +25,8 @@ CUE = _rx(
     r"|keep in mind|make sure|never|no longer|stop|anymore|any more|again|switch(?:ed|ing)? "
     r"(?:to|back)|go back to|back to|stick (?:to|with)|instead|throughout|unless I say"
     r"|until I say|change of plan|scratch|widen|broaden|expand|tighten|loosen|as a whole"
-    r"|alongside|back in|back into|comes? back|(?:are|is) back|counted again)\b"
+    r"|alongside|back in|back into|comes? back|(?:are|is) back|counted again|counts? again"
+    r"|wants?|needs?|would like|prefers?|asked for|asks for|requires?|now on)\b"
 )
 STRONG_CUE = _rx(
     r"\b(?:from now on|going forward|from here on|by default|always|for the rest|remember)\b"
@@ -55,6 +56,8 @@ _SUBJECT = r"[\w' -]{2,40}?"
 DEFINE = [
     _rx(rf"\b(?:by|when (?:i|we) say)\s+(?P<x>{_SUBJECT})\s*,?\s+(?:i|we)\s+mean\b"),
     _rx(rf"\bdefine\s+(?P<x>{_SUBJECT})\s+as\b"),
+    _rx(rf"\bredefined?\s+(?:the|our|that)\s+(?P<x>{_SUBJECT})(?::|\s+as\b|$)"),
+    _rx(rf"\bcall\s+(?:it|them|this)\s+(?:an?\s+)?(?P<x>{_SUBJECT})\s+(?:when|if|once)\b"),
     _rx(rf"\b(?P<x>{_SUBJECT})\s+(?:is|are)\s+defined\s+as\b"),
     _rx(rf"\btreat\s+(?P<x>{_SUBJECT})\s+as\b"),
     # "X counts as retained" defines "retained".
@@ -99,6 +102,7 @@ REVOKE_FILTER = _rx(
     rf"|(?P<w>{_SUBJECT})\s+(?:come|comes|go|goes|are|is|should be|can be|belongs?)\s+back\b"
     rf"|(?P<v>{_SUBJECT})\s+(?:should\s+be\s+|are\s+|is\s+|can\s+be\s+)?counted\s+again\b"
     rf"|(?P<u>{_SUBJECT})\s+belongs?\s+in\s+[\w ]{{0,20}}?\s*again\b"
+    rf"|(?P<s>{_SUBJECT})\s+counts?\s+again\b"
     r"|\binclude\s+(?P<t>[^.;,?!]+)"
 )
 FILTER = _rx(
@@ -111,7 +115,7 @@ FILTER = _rx(
 FILTER_PASSIVE = _rx(
     rf"(?P<x>{_SUBJECT})\s+(?:are|is|should be|must be|stay|stays|get|gets|to be|being)\s+"
     r"(?:(?:always|all|now|still)\s+)?(?:excluded|left out|ignored|dropped|removed|filtered out"
-    r"|omitted|skipped|included(?:\s+again)?|back in)\b"
+    r"|omitted|skipped|included(?:\s+again)?|back in|out)\b"
 )
 SCOPE = _rx(
     r"\b(?:only|just|focus(?:ing)? (?:only )?on|restrict(?:ed)? (?:it |this |everything )?to"
@@ -128,6 +132,8 @@ SCOPE_RESET = _rx(
     r"|\bback to\s+(?P<z>global|worldwide|all\s+\w+|the whole\s+\w+|every\s*\w+)"
     r"|\b(?:so|back to|include|including)\s+all\s+(?P<v>[\w-]+(?:\s+[\w-]+)?s)\s*$"
     r"|\ball\s+(?P<u>[\w-]+(?:\s+[\w-]+)?s)\s+again\b"
+    r"|\b(?:and|compare|across|cover|covering)\s+all\s+(?:(?:two|three|four|five|six|\d+)\s+)?"
+    r"(?P<t>[\w-]+s)\b"
     r"|\b(?:drop|remove|lift|scratch|forget|lose)\s+the\s+(?P<w>[\w-]+\s+(?:restriction|focus"
     r"|scope|filter|limit|cut))\b"
 )
@@ -166,7 +172,7 @@ CONVENTIONS = [
         "calendar",
         _rx(
             r"\b(?:fiscal|calendar|financial)\s+(?:years?|quarters?|months?|weeks?|calendar)"
-            r"\b|\b(?:quarters?|weeks?|years?|fy)\s+(?:that\s+)?(?:start|begin)s?\b"
+            r"\b|\b(?:quarters?|weeks?|years?|fy)\s+(?:that\s+)?(?:start|begin|open|run|end)s?\b"
             r"|\biso\s+weeks?\b|\bfy\d*\b|\bweek starts?\b"
         ),
     ),

@@ -52,6 +52,7 @@ _PRONOUN = re.compile(r"^\s*(?:it|that|this|them|those|these|one)\b", re.I)
 class Instruction:
     key: str
     text: str
+    lifts: bool = False  # takes a restriction back ("X counts again", "all plants")
 
 
 def _words(text: str) -> list[str]:
@@ -70,6 +71,7 @@ def _norm(phrase: str, limit: int = 4) -> str:
     """`the Test Accounts` -> `test account`: a stable name for what a phrase is about."""
     head = OBJECT_END.split(phrase, maxsplit=1)[0]
     words = [singular(w.strip("'")) for w in _words(head) if w not in STOP_WORDS]
+    words = [w for w in words if not w.isdigit()]  # "the 22:00-06:00 crew" is about the crew
     return " ".join(w for w in words[:limit] if w)
 
 
@@ -248,5 +250,6 @@ def detect(query: str) -> list[Instruction]:
             continue
         for key, words in _sentence_keys(raw, text):
             shown = words[:1].upper() + words[1:]
-            out.append(Instruction(key, one_line(shown, MAX_CHARS)))
+            lifts = bool(REVOKE_FILTER.search(words) or SCOPE_RESET.search(words))
+            out.append(Instruction(key, one_line(shown, MAX_CHARS), lifts))
     return out

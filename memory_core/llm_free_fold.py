@@ -131,7 +131,7 @@ def _fold_pass(
         if goal := _goal_besides(ex.user_query, found):
             sections["goals"].append(goal)
         for ins in found:
-            standing.set(ins)
+            standing.instruct(ins)
         for art in ex.artifacts:
             if art.kind == "sql":
                 standing.query(art.sql)

@@ -115,13 +115,18 @@ def _singular(word: str) -> str:
     return word
 
 
+def condition_values(text: str) -> set[str]:
+    """Words of a condition's string values (`'residential'` -> {residential}); not of dates,
+    numbers or intervals (`'30 days'` names no subject)."""
+    values = [v for v in _STRING.findall(text.removeprefix(SQL_PREFIX)) if not v[1:2].isdigit()]
+    return {_singular(w) for v in values for w in re.findall(r"[a-z]+", v.lower()) if len(w) > 2}
+
+
 def condition_words(text: str) -> set[str]:
     """Words of a condition's columns (split at `_`) and of its string values."""
     cond = text.removeprefix(SQL_PREFIX)
-    words = {w for c in columns(cond) for w in c.split("_")}
-    for value in _STRING.findall(cond):
-        words |= set(re.findall(r"[a-z]+", value.lower()))
-    return {_singular(w) for w in words if len(w) > 2}
+    words = {_singular(w) for c in columns(cond) for w in c.split("_") if len(w) > 2}
+    return words | condition_values(cond)
 
 
 def revokes(subject_words: set[str], scope_kind: str | None, condition_text: str) -> bool:

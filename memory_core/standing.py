@@ -10,7 +10,13 @@ has been dropped by the agent, and goes too.
 from __future__ import annotations
 
 from memory_core.instructions import Instruction, content_words, key_of, same_subject, scope_kind
-from memory_core.sql_conditions import applies, condition_words, revokes, sql_conditions
+from memory_core.sql_conditions import (
+    applies,
+    condition_values,
+    condition_words,
+    revokes,
+    sql_conditions,
+)
 
 # Later queries on a condition's table that must all leave it out before it is dropped.
 UNAPPLIED_QUERIES = 2
@@ -35,26 +41,39 @@ class Standing:
         self.replaced: list[str] = []  # wordings superseded in this fold, casefolded
         self._queries: list[str] = []
         self._applied_at: dict[str, int] = {}  # sql key -> index of the last query applying it
+        self._lifts: list[int] = []  # queries seen when each take-back of this fold came
 
-    def set(self, ins: Instruction) -> None:
+    def instruct(self, ins: Instruction) -> None:
         """A user instruction: it replaces the one on its subject and the conditions it
         speaks about."""
+        if ins.lifts:
+            self._lifts.append(len(self._queries))
         for key in [k for k in self.items if k == ins.key or same_subject(k, ins.key)]:
             old = self.items.pop(key)
             if old.text != ins.text:
                 self.replaced.append(old.text.casefold())
         revoked: set[str] = set()
+        revoked_values: set[str] = set()
         for table in (self.items, self.seen):
             for key in [k for k, v in table.items() if k.startswith("sql:")]:
                 if _speaks_about(ins, table[key].text):
                     self.revoked_columns |= set(key.removeprefix("sql:").split(","))
-                    revoked |= condition_words(table.pop(key).text)
+                    text = table.pop(key).text
+                    revoked |= condition_words(text)
+                    revoked_values |= condition_values(text)
         # An instruction the revoked SQL applied goes with it: "all delivery modes" revokes
         # `co.mode = 'cohort'`, and so "only the cohort courses".
-        for key in [k for k in self.items if not k.startswith("sql:")]:
-            if revoked & content_words(key.partition(":")[2]):
-                self.replaced.append(self.items.pop(key).text.casefold())
+        self._drop_linked(revoked, revoked_values)
         self.items[ins.key] = ins
+
+    def _drop_linked(self, words: set[str], values: set[str]) -> None:
+        """User instructions a revoked condition applied: their subject names its columns or
+        values, or their text names its values ("residential meters only" and
+        `customer_class = 'residential'`)."""
+        for key in [k for k in self.items if not k.startswith("sql:")]:
+            subject = content_words(key.partition(":")[2])
+            if words & subject or values & content_words(self.items[key].text):
+                self.replaced.append(self.items.pop(key).text.casefold())
 
     def query(self, sql: str) -> None:
         """A query a turn ran: its conditions count as applied."""
@@ -69,10 +88,15 @@ class Standing:
                 self.seen[key] = Instruction(key, text)
 
     def drop_unapplied(self) -> None:
-        """Standing conditions the latest queries on their table stopped applying."""
+        """Standing conditions the latest queries on their table stopped applying. When the
+        user took a restriction back in this fold before those queries ("the 22:00-06:00 crew
+        counts again"), the instruction the condition applied ("the night shift is out") goes
+        too: the take-back named it differently, the queries show which one it lifted."""
         for key in [k for k in self.items if k.startswith("sql:")]:
             text = self.items[key].text
-            after = self._queries[self._applied_at.get(key, -1) + 1 :]
-            touching = [q for q in after if applies(text, q) is not None]
+            start = self._applied_at.get(key, -1) + 1
+            touching = [q for q in self._queries[start:] if applies(text, q) is not None]
             if len(touching) >= UNAPPLIED_QUERIES and not any(applies(text, q) for q in touching):
                 del self.items[key]
+                if any(lift >= start for lift in self._lifts):  # after its last use
+                    self._drop_linked(condition_words(text), condition_values(text))

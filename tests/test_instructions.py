@@ -313,3 +313,41 @@ def test_an_instruction_goes_with_the_sql_condition_that_applied_it() -> None:
     # "delivery modes" names the condition's column; "cohort" links the user's instruction.
     after = llm_free_fold(summary, [turn(3, "Live courses are back, so all delivery modes.")], 500)
     assert parse_sections(after)["instructions"] == ["Live courses are back, so all delivery modes"]
+
+
+@pytest.mark.parametrize(
+    ("query", "key"),
+    [
+        ("Finance wants weekly figures on ISO weeks now, Monday through Sunday.", "calendar"),
+        ("The sponsor wants weeks that open on a Monday.", "calendar"),
+        ("We call it a peak boarding when the tap is between 7 and 9.", "define:peak boarding"),
+        ("The board redefined the rush: 6 to 10 in the morning.", "define:rush"),
+        ("The 22:00-06:00 crew counts again.", "filter:crew"),
+    ],
+)
+def test_wishes_redefinitions_and_counts_again(query: str, key: str) -> None:
+    assert [i.key for i in detect(query)] == [key]
+
+
+def test_a_take_back_named_differently_retires_what_the_queries_stopped_applying() -> None:
+    """ "The crew counts again" shares no word with "the night shift is out"; the queries
+    show which restriction it lifted: the condition they stopped applying after it."""
+    with_filter = "SELECT COUNT(*) FROM inspections i WHERE i.day > 1 AND i.shift <> 'night'"
+    without = "SELECT COUNT(*) FROM inspections i WHERE i.day > 1"
+    before = [
+        turn(1, "Going forward, the night shift is out.", (with_filter,)),
+        turn(2, "Defects by line", (with_filter,)),
+    ]
+    summary = llm_free_fold(None, before, 500)
+    assert "Going forward, the night shift is out" in parse_sections(summary)["instructions"]
+    lifted = [
+        turn(3, "The 22:00-06:00 crew counts again."),
+        turn(4, "Defects by line", (without,)),
+        turn(5, "Defects by week", (without,)),
+    ]
+    after = parse_sections(llm_free_fold(summary, lifted, 500))["instructions"]
+    assert after == ["The 22:00-06:00 crew counts again", "Applied in SQL: i.day > 1"]
+    # Without a take-back, queries that leave a condition out drop only the condition.
+    quiet = [turn(3, "Defects by line", (without,)), turn(4, "Defects by week", (without,))]
+    kept = parse_sections(llm_free_fold(summary, quiet, 500))["instructions"]
+    assert kept == ["Going forward, the night shift is out", "Applied in SQL: i.day > 1"]
