@@ -351,3 +351,32 @@ def test_a_take_back_named_differently_retires_what_the_queries_stopped_applying
     quiet = [turn(3, "Defects by line", (without,)), turn(4, "Defects by week", (without,))]
     kept = parse_sections(llm_free_fold(summary, quiet, 500))["instructions"]
     assert kept == ["Going forward, the night shift is out", "Applied in SQL: i.day > 1"]
+
+
+_WORDS = (
+    "only the Nordics from now on exclude test accounts include again show amounts in EUR call "
+    "it GMV not revenue we mean churned by - : ; , and so back to all regions plants count "
+    "again is out wants ISO weeks define active as one with order in last 90 days ? . please "
+    "can you what which"
+)
+_PIECES = st.sampled_from(_WORDS.split(" "))
+_MESSAGES = st.lists(_PIECES, min_size=1, max_size=25).map(" ".join) | st.text(max_size=300)
+
+
+@settings(max_examples=500, deadline=None)
+@given(_MESSAGES)
+def test_any_message_yields_one_line_instructions_whose_key_reads_back(query: str) -> None:
+    for ins in detect(query):
+        assert len(ins.text) <= 160 and "\n" not in ins.text
+        assert key_of(ins.text) == ins.key  # the next fold files it under the same subject
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(_MESSAGES, min_size=1, max_size=12), st.integers(60, 500))
+def test_folding_any_messages_stays_within_the_bound(queries: list[str], bound: int) -> None:
+    summary: str | None = None
+    for seq, query in enumerate(queries, start=1):
+        summary = llm_free_fold(
+            summary, [turn(seq, query, (f"SELECT 1 FROM t WHERE {query!r}",))], bound
+        )
+        assert count_tokens(summary) <= bound
