@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+from itertools import accumulate, pairwise
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,8 @@ from memory_core.eval import (
     scenarios_f,
     scenarios_g,
     scenarios_h,
+    scenarios_i,
+    scenarios_j,
 )
 from memory_core.eval.corpus import TAIL_TURNS, Conversation, Fact, Scenario, turn_text
 from memory_core.eval.filler import Script
@@ -41,9 +44,9 @@ from tests.support import REPO
 CONVERSATIONS = corpus()
 IDS = [c.name for c in CONVERSATIONS]
 FIRST = (scenarios_a, scenarios_b, scenarios_c, scenarios_d)  # tuned on from the start
-LATER = (scenarios_e, scenarios_f)  # written held-out, tuning data since
-TUNING = [s for m in (*FIRST, *LATER) for s in m.SCENARIOS]
-HELD_OUT = [*scenarios_g.SCENARIOS, *scenarios_h.SCENARIOS]
+LATER = ((scenarios_e, scenarios_f), (scenarios_g, scenarios_h))  # written held-out, tuned since
+TUNING = [s for m in (*FIRST, *(m for pair in LATER for m in pair)) for s in m.SCENARIOS]
+HELD_OUT = [*scenarios_i.SCENARIOS, *scenarios_j.SCENARIOS]
 SMOKE_TIMEOUT_S = 240
 
 
@@ -59,18 +62,20 @@ def _lines(conv: Conversation, start: int) -> list[tuple[int, str]]:
 # ---------------------------------------------------------------- the corpus
 
 
-def test_the_corpus_has_eighteen_tuning_then_six_held_out_conversations() -> None:
-    assert len(set(IDS)) == len(IDS) == 24
+def test_the_corpus_has_twenty_four_tuning_then_six_held_out_conversations() -> None:
+    assert len(set(IDS)) == len(IDS) == 30
     tuning = [c for c in CONVERSATIONS if not c.holdout]
     held_out = [c for c in CONVERSATIONS if c.holdout]
-    assert (len(tuning), len(held_out)) == (18, 6)
+    assert (len(tuning), len(held_out)) == (24, 6)
     assert list(CONVERSATIONS) == tuning + held_out  # `--limit N` takes the tuning set first
     assert [c.name for c in tuning] == [s.name for s in TUNING]
     assert [c.name for c in held_out] == [s.name for s in HELD_OUT]
     lengths = [len(c.turns) for c in CONVERSATIONS]
     assert all(40 <= n <= 120 for n in lengths) and len(set(lengths)) == len(lengths)
-    first = sum(len(m.SCENARIOS) for m in FIRST)
-    for group in (tuning[:first], tuning[first:], held_out):  # each shortest first
+    sizes = [sum(len(m.SCENARIOS) for m in group) for group in (FIRST, *LATER)]
+    groups = [tuning[a:b] for a, b in pairwise([0, *accumulate(sizes)])]
+    assert [len(g) for g in groups] == [12, 6, 6]
+    for group in (*groups, held_out):  # each shortest first
         assert [len(c.turns) for c in group] == sorted(len(c.turns) for c in group)
     assert sum(len(c.superseded) for c in CONVERSATIONS) >= 12
     with_sql = sum(bool(t.sql) for c in CONVERSATIONS for t in c.turns)
@@ -86,7 +91,7 @@ def test_a_held_out_conversation_is_shaped_like_the_tuning_set(scenario: Scenari
 
 
 def test_held_out_instructions_are_worded_anew() -> None:
-    """No held-out message or answer repeats one of the tuning set (scenarios_a..f)."""
+    """No held-out message or answer repeats one of the tuning set (scenarios_a..h)."""
     tuning = {t for s in TUNING for say in s.says for t in (say.query, say.answer)}
     for scenario in HELD_OUT:
         for say in scenario.says:

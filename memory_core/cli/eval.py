@@ -33,7 +33,7 @@ def fidelity_cmd(
         int | None,
         typer.Option(
             min=1,
-            help="Only the first N conversations (the tuning set, a..d then e..f, each "
+            help="Only the first N conversations (the tuning set, a..d, e..f then g..h, each "
             "shortest first; then the held-out set).",
         ),
     ] = None,

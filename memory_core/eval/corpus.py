@@ -7,7 +7,7 @@ answer, the SQL it ran under the instructions in force at that turn, charts and 
 and the facts the eval scores. The filler turns between instructions come from a generator
 seeded with the scenario's name (filler.py): the same corpus on every run and machine.
 
-A held-out scenario (`holdout=True`, scenarios_g.py and scenarios_h.py) was written without
+A held-out scenario (`holdout=True`, scenarios_i.py and scenarios_j.py) was written without
 looking at the instruction detector and is never tuned against: its figures are reported on
 their own.
 """

@@ -2,7 +2,7 @@
 
 Written as a held-out set (scenarios_e.py and scenarios_f.py), without looking at the
 instruction detector; the detector is now tuned on them, so they are tuning data
-(`holdout=False`) and the held-out set is scenarios_g.py and scenarios_h.py. The wording of
+(`holdout=False`) and the held-out set is scenarios_i.py and scenarios_j.py. The wording of
 every instruction and of its replacement is new (none repeats scenarios_a..d); some messages
 carry two instructions (two Says at the same turn), some hide one inside a longer question.
 """

@@ -1,8 +1,9 @@
-"""Held-out fidelity scenarios 19-21: hotel revenue, manufacturing quality, transit ridership.
+"""Fidelity scenarios 19-21: hotel revenue, manufacturing quality, transit ridership.
 
-Held-out (scenarios_g.py and scenarios_h.py): written without looking at the instruction
-detector, after scenarios_a..f became tuning data, and never tuned against; the report gives
-their figures on their own. Every instruction is worded the way an analyst might type it:
+Written as a held-out set (scenarios_g.py and scenarios_h.py), without looking at the
+instruction detector, after scenarios_a..f became tuning data; the detector is now tuned on
+them too, so they are tuning data (`holdout=False`) and the held-out set is scenarios_i.py and
+scenarios_j.py. Every instruction is worded the way an analyst might type it:
 declaratives, imperatives with a reason, definitions as "X = A / B", "X runs from A to B" or
 "we call it Y when ...", units and rounding, two instructions in one message, one hidden in a
 longer question, restrictions lifted, and replacements that name their subject differently.
@@ -20,7 +21,7 @@ FRIDAY_WEEK = "date_trunc('week', $ts - INTERVAL '4 days') + INTERVAL '4 days'"
 HOTEL = Scenario(
     name="hotel-revenue",
     turns=50,
-    holdout=True,
+    holdout=False,
     domain=Domain(
         tables="stays s\nJOIN properties p ON p.id = s.property_id",
         base=(("ts", "s.stay_date"), ("amount", "s.room_revenue_usd"), ("alias", "room_revenue"),
@@ -100,7 +101,7 @@ HOTEL = Scenario(
 FACTORY = Scenario(
     name="manufacturing-quality",
     turns=58,
-    holdout=True,
+    holdout=False,
     domain=Domain(
         tables="inspections i\nJOIN lots l ON l.id = i.lot_id",
         base=(("ts", "i.inspected_at"), ("amount", "i.scrap_cost_eur"), ("alias", "scrap_cost"),
@@ -186,7 +187,7 @@ FACTORY = Scenario(
 TRANSIT = Scenario(
     name="transit-ridership",
     turns=70,
-    holdout=True,
+    holdout=False,
     domain=Domain(
         tables="taps t\nJOIN routes r ON r.id = t.route_id",
         base=(("ts", "t.tapped_at"), ("amount", "t.fare_paid_aud"), ("alias", "fare_revenue"),

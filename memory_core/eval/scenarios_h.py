@@ -1,6 +1,6 @@
-"""Held-out fidelity scenarios 22-24: SaaS invoicing, retail deposits, clinical trial enrolment.
+"""Fidelity scenarios 22-24: SaaS invoicing, retail deposits, clinical trial enrolment.
 
-Held-out like scenarios_g.py: written blind to the instruction detector, never tuned against.
+Written blind to the instruction detector like scenarios_g.py, and tuning data since, like it.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ WRATE = "ROUND(SUM(b.balance_nzd * b.rate_pct) / NULLIF(SUM(b.balance_nzd), 0), 
 BILLING = Scenario(
     name="saas-invoicing",
     turns=82,
-    holdout=True,
+    holdout=False,
     domain=Domain(
         tables="invoices inv\nJOIN accounts a ON a.id = inv.account_id",
         base=(("ts", "inv.issued_at"), ("amount", "inv.total_usd"), ("alias", "invoiced"),
@@ -96,7 +96,7 @@ BILLING = Scenario(
 DEPOSITS = Scenario(
     name="retail-deposits",
     turns=97,
-    holdout=True,
+    holdout=False,
     domain=Domain(
         tables="deposit_balances b\nJOIN customers c ON c.id = b.customer_id",
         base=(("ts", "b.snapshot_date"), ("amount", "b.balance_nzd"), ("alias", "balances"),
@@ -179,7 +179,7 @@ DEPOSITS = Scenario(
 TRIALS = Scenario(
     name="trial-enrolment",
     turns=108,
-    holdout=True,
+    holdout=False,
     domain=Domain(
         tables="enrolments e\nJOIN sites s ON s.id = e.site_id",
         base=(("ts", "e.consented_at"), ("amount", "e.site_payment_usd"),
