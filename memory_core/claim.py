@@ -10,12 +10,16 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from functools import cache
-from typing import Any, cast
+from typing import Any
+from typing import cast as cast_
 
-from sqlalchemy import Integer, Table, bindparam, case, func, literal_column
+from sqlalchemy import Integer, Table, bindparam, case, cast, func, literal_column, select, true
 from sqlalchemy.dialects.postgresql import insert
 
-from memory_core.models import ConversationThread
+from memory_core.models import ConversationThread, ThreadMessage
+
+# The unique constraint a redelivered turn runs into (its session_id is stored already).
+SESSION_CONSTRAINT = "uq_thread_messages_session_id"
 
 # The claim adds a turn's size to at most this (a turn is < 2M): a finalize never overflows int4.
 UNFOLDED_TOKENS_CAP = 1_000_000_000
@@ -56,7 +60,7 @@ def claim_params(
 @cache
 def claim_statement() -> Any:
     """Built once: the finalize hot path only binds parameters (no per-call SQL construction)."""
-    t = cast(Table, ConversationThread.__table__)
+    t = cast_(Table, ConversationThread.__table__)
     grace = func.make_interval(0, 0, 0, 0, 0, 0, bindparam("grace_s", type_=Integer))
     overdue = t.c.fold_due_at < func.now() - grace
     unfolded = t.c.last_seq + 1 - t.c.summary_through_seq
@@ -92,4 +96,57 @@ def claim_statement() -> Any:
             t.c.summary_through_seq,
             (t.c.fold_due_at == func.now()).label("fold_requested"),
         )
+    )
+
+
+@cache
+def finalize_statement() -> Any:
+    """The claim and the turn's insert as ONE statement (data-modifying CTEs), so a finalize is
+    one round trip that commits on its own (autocommit): no BEGIN, no COMMIT of its own.
+
+    Atomic as a statement: a turn whose session_id is stored already fails the whole statement
+    on `SESSION_CONSTRAINT` (no ON CONFLICT), so its claim is undone with it and no seq is
+    lost; the caller then reads the stored turn. No row: the thread is someone else's. Binds
+    `claim_params` and the turn's columns (thread_id, session_id, user_query, answer,
+    artifacts, response_payload, completed_at)."""
+    m = cast_table(ThreadMessage)
+    claim = claim_statement().cte("claim")
+    typed = {c: cast(bindparam(c, type_=m.c[c].type), m.c[c].type) for c in _TURN_COLUMNS}
+    turn = (
+        insert(m)
+        .from_select(
+            ["seq", *_TURN_COLUMNS],
+            select(claim.c.last_seq, *typed.values()),
+        )
+        .returning(m.c.seq)
+        .cte("turn")
+    )
+    out = (claim.c.last_seq, claim.c.summary_through_seq, claim.c.fold_requested)
+    return select(*out).select_from(claim.join(turn, true()))
+
+
+_TURN_COLUMNS = (
+    "thread_id",
+    "session_id",
+    "user_query",
+    "answer",
+    "artifacts",
+    "response_payload",
+    "completed_at",
+)
+
+
+def cast_table(model: Any) -> Table:
+    return cast_(Table, model.__table__)
+
+
+@cache
+def stored_turn_statement() -> Any:
+    """A redelivered turn as stored (session `sid`), with its thread's summary cursor."""
+    m, t = cast_table(ThreadMessage), cast_table(ConversationThread)
+    cols = ("thread_id", "seq", "session_id", "user_query", "answer", "artifacts", "completed_at")
+    return (
+        select(*(m.c[c] for c in cols), t.c.summary_through_seq)
+        .join_from(m, t, m.c.thread_id == t.c.id)
+        .where(m.c.session_id == bindparam("sid", type_=m.c.session_id.type))
     )

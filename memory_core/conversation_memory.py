@@ -220,11 +220,10 @@ class RedisConversationMemory(MemoryClients):
             if known is not None:  # the copy is gone (expired, or the thread deleted)
                 self._parsed.pop(tid)
             return found
-        version, meta, members = found
-        if members is None and known is not None:
+        if found.body is None and known is not None:
             return known[1]  # unchanged since this process parsed it
-        ctx = context_from_copy(tid, meta, members or [])
-        self._parsed.put(tid, (version, ctx), sum(map(len, members or ())))
+        ctx = context_from_copy(tid, found)
+        self._parsed.put(tid, (found.version, ctx), len(found.body or b""))
         return ctx
 
     def _read_around_cache(

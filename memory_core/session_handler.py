@@ -1,8 +1,9 @@
 """`save_session_to_thread_safe`: the finalize core, shared by in-process agents and workers.
 
 Order of effects (durability first, docs/RELIABILITY.md):
-  1. one Postgres transaction: upsert the thread (seq claimed under its row lock), insert the
-     turn idempotently on session_id, COMMIT;
+  1. one Postgres statement that commits on its own (claim.finalize_statement): upsert the
+     thread (seq claimed under its row lock) and insert the turn, idempotent on session_id
+     (a stored session fails the statement: nothing written, no seq lost);
   2. update the Redis working copy (best effort; rebuilt from Postgres when it is behind);
   3. publish `memory.fold_thread` when this turn took the thread over the threshold (its
      unfolded turns, or their estimated tokens: the fold token trigger).
@@ -26,14 +27,19 @@ from pydantic import ValidationError
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from memory_core.artifacts import derive_artifacts
-from memory_core.claim import SeqClaim, claim_params, claim_statement
+from memory_core.claim import (
+    SESSION_CONSTRAINT,
+    SeqClaim,
+    claim_params,
+    finalize_statement,
+    stored_turn_statement,
+)
 from memory_core.context import Exchange
 from memory_core.conversation_memory import RedisConversationMemory
 from memory_core.db import describe_db_error, sqlstate
 from memory_core.fold_publisher import publish_fold
 from memory_core.logs import describe_error, get_logger
 from memory_core.metrics import FINALIZE
-from memory_core.models import ThreadMessage
 from memory_core.settings import SettingsError
 from memory_core.snapshot import (
     DashboardIn,
@@ -46,12 +52,12 @@ from memory_core.snapshot import (
 )
 from memory_core.steps import (
     Call,
-    Sql,
+    Read,
     Steps,
+    Write,
     retry_on_disconnect,
     run_async,
     run_sync,
-    transaction,
 )
 from memory_core.tokens import turn_size
 
@@ -62,6 +68,7 @@ TITLE_MAX = 500
 REASON_DELETED = "deleted"
 # Raised by the trigger that refuses to re-create a deleted thread (migration 3d9a6c1e5b27).
 THREAD_DELETED_SQLSTATE = "AM001"
+UNIQUE_VIOLATION = "23505"
 Status = Literal["saved", "duplicate", "rejected", "failed", "enqueued"]
 
 
@@ -190,7 +197,7 @@ def save_steps(snap: TurnSnapshot, memory: RedisConversationMemory) -> Steps[Sav
     tid, sid = str(snap.thread_id), str(snap.session_id)
     try:
         turn = _exchange(snap, seq=0)
-        claim = yield from retry_on_disconnect(lambda: transaction(_write_turn(snap, turn, memory)))
+        claim = yield from retry_on_disconnect(lambda: _write_turn(snap, turn, memory))
     except _Abort as abort:
         if abort.status == "duplicate":
             return (yield from _duplicate(snap, abort.stored, memory))
@@ -215,7 +222,9 @@ def save_steps(snap: TurnSnapshot, memory: RedisConversationMemory) -> Steps[Sav
         yield Call(publish_fold, (snap.thread_id, memory.settings.celery_broker_url))
     )
     FINALIZE.labels("saved").inc()
-    log.info(
+    # DEBUG: one record per saved turn is the hot path's costliest line when logging is on
+    # (a JSON render per turn); memory_finalize_total{status="saved"} counts them anyway.
+    log.debug(
         "memory.finalize_saved",
         thread_id=tid,
         session_id=sid,
@@ -239,54 +248,53 @@ def _failed(exc: Exception, tid: str, sid: str) -> SaveOutcome:
 def _write_turn(
     snap: TurnSnapshot, turn: Exchange, memory: RedisConversationMemory
 ) -> Steps[SeqClaim]:
-    """The transaction's statements (the caller opens and commits it): two prebuilt
-    statements, bound; a duplicate session reads the stored turn back."""
+    """The claim and the insert: one prebuilt statement that commits on its own (claim.py);
+    a redelivered turn (its session_id stored) undoes it and reads the stored turn back."""
     try:
-        row = yield Sql(
-            claim_statement(),
-            claim_params(
-                thread_id=snap.thread_id,
-                owner_id=snap.owner_id,
-                agent_type=snap.agent_type,
-                title=" ".join(snap.user_query.split())[:TITLE_MAX],
-                fold_threshold=memory.compression_threshold,
-                republish_grace_s=memory.settings.memory_fold_republish_grace_s,
-                turn_tokens=turn_size(turn) if memory.fold_token_trigger > 0 else 0,
-                token_trigger=memory.fold_token_trigger,
-            ),
+        row = yield Write(
+            finalize_statement(),
+            {
+                **claim_params(
+                    thread_id=snap.thread_id,
+                    owner_id=snap.owner_id,
+                    agent_type=snap.agent_type,
+                    title=" ".join(snap.user_query.split())[:TITLE_MAX],
+                    fold_threshold=memory.compression_threshold,
+                    republish_grace_s=memory.settings.memory_fold_republish_grace_s,
+                    turn_tokens=turn_size(turn) if memory.fold_token_trigger > 0 else 0,
+                    token_trigger=memory.fold_token_trigger,
+                ),
+                "thread_id": snap.thread_id,
+                "session_id": snap.session_id,
+                "user_query": snap.user_query,
+                "answer": snap.answer,
+                "artifacts": [a.model_dump(mode="json") for a in turn.artifacts],
+                "response_payload": snap.response_payload,
+                "completed_at": snap.completed_at,
+            },
             "one_or_none",
         )
-    except DBAPIError as exc:  # the thread was deleted (even while this claim waited)
-        if sqlstate(exc.orig) == THREAD_DELETED_SQLSTATE:
+    except DBAPIError as exc:
+        state, constraint = sqlstate(exc.orig), _constraint(exc.orig)
+        if state == THREAD_DELETED_SQLSTATE:  # the thread was deleted (even while we waited)
             raise _Abort("rejected", REASON_DELETED) from None
-        raise
-    if row is None:
-        raise _Abort("rejected", f"thread {snap.thread_id} not found")
-    claim = SeqClaim(row.last_seq, row.summary_through_seq, bool(row.fold_requested))
-    inserted = yield Sql(
-        ThreadMessage.insert_statement(),
-        {
-            "thread_id": snap.thread_id,
-            "session_id": snap.session_id,
-            "seq": claim.seq,
-            "user_query": snap.user_query,
-            "answer": snap.answer,
-            "artifacts": [a.model_dump(mode="json") for a in turn.artifacts],
-            "response_payload": snap.response_payload,
-            "completed_at": snap.completed_at,
-        },
-        "first",
-    )
-    if inserted is None:
-        # Rolling back also returns the seq we claimed: no gap.
-        stored = yield Sql(ThreadMessage.stored_turn_statement(), {"sid": snap.session_id}, "one")
+        if state != UNIQUE_VIOLATION or constraint != SESSION_CONSTRAINT:
+            raise
+        # Nothing of this statement was written (no seq lost); the turn is stored already.
+        stored = yield Read(stored_turn_statement(), {"sid": snap.session_id}, "one")
         if stored.thread_id != snap.thread_id:
             raise _Abort(
-                "rejected",
-                f"session {snap.session_id} is already a turn of another thread",
-            )
-        raise _Abort("duplicate", "", (stored, claim.summary_through_seq))
-    return claim
+                "rejected", f"session {snap.session_id} is already a turn of another thread"
+            ) from None
+        raise _Abort("duplicate", "", (stored, stored.summary_through_seq)) from None
+    if row is None:
+        raise _Abort("rejected", f"thread {snap.thread_id} not found")
+    return SeqClaim(row.last_seq, row.summary_through_seq, bool(row.fold_requested))
+
+
+def _constraint(orig: object) -> str | None:
+    diag = getattr(orig, "diag", None)
+    return getattr(diag, "constraint_name", None)
 
 
 def _duplicate(

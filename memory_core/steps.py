@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from sqlalchemy.exc import DBAPIError
 
 from memory_core.aio import run_blocking
+from memory_core.fast_write import execute_autocommit
 
 if TYPE_CHECKING:
     import redis
@@ -65,6 +66,16 @@ class Sql:
 @dataclass(frozen=True, slots=True)
 class Read:
     """One statement on a pooled connection of its own, outside any transaction."""
+
+    stmt: Any
+    params: Mapping[str, Any] | None = None
+    fetch: Fetch = "all"
+
+
+@dataclass(frozen=True, slots=True)
+class Write:
+    """One statement that commits on its own (autocommit): one round trip, no BEGIN/COMMIT.
+    Only for a single statement that is atomic by itself (memory_core/claim.py)."""
 
     stmt: Any
     params: Mapping[str, Any] | None = None
@@ -120,7 +131,19 @@ class Sleep:
     seconds: float
 
 
-Step = Begin | Commit | Rollback | Sql | Read | Script | Delete | Call | Subscribe | NextMessage
+Step = (
+    Begin
+    | Commit
+    | Rollback
+    | Sql
+    | Read
+    | Write
+    | Script
+    | Delete
+    | Call
+    | Subscribe
+    | NextMessage
+)
 Steps = Generator[Any, Any, T]
 
 BEGIN, COMMIT, ROLLBACK = Begin(), Commit(), Rollback()
@@ -167,6 +190,19 @@ def _fetch(result: Any, fetch: Fetch) -> Any:
     return None
 
 
+def _fetch_rows(rows: list[Any], fetch: Fetch) -> Any:
+    """`_fetch` over a list of rows (fast_write.py)."""
+    if fetch == "all":
+        return rows
+    if fetch == "first":
+        return rows[0] if rows else None
+    if fetch == "none":
+        return None
+    if len(rows) > 1 or (fetch == "one" and not rows):
+        raise RuntimeError(f"expected {'one row' if fetch == 'one' else 'at most one row'}")
+    return rows[0] if rows else None
+
+
 # -- the blocking driver ---------------------------------------------------------------------
 
 
@@ -186,6 +222,8 @@ class SyncIO:
         if isinstance(step, Read):
             with self.engine.connect() as conn:
                 return _fetch(conn.execute(step.stmt, step.params), step.fetch)
+        if isinstance(step, Write):
+            return _fetch_rows(execute_autocommit(self.engine, step.stmt, step.params), step.fetch)
         if isinstance(step, Delete):
             return self.redis.delete(*step.keys)
         if isinstance(step, Call):
@@ -285,6 +323,10 @@ class AsyncIO:
         if isinstance(step, Read):
             async with self.engine.connect() as conn:
                 return _fetch(await conn.execute(step.stmt, step.params), step.fetch)
+        if isinstance(step, Write):
+            async with self.engine.connect() as aconn:
+                auto = await aconn.execution_options(isolation_level="AUTOCOMMIT")
+                return _fetch(await auto.execute(step.stmt, step.params), step.fetch)
         if isinstance(step, Delete):
             return await self.redis.delete(*step.keys)
         if isinstance(step, Call):

@@ -37,7 +37,7 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 from uuid import UUID
 
 import redis
@@ -109,12 +109,21 @@ return 'ok'
 # One round trip for a hit. The owner is checked here, so a stranger's read ships nothing of
 # the copy (its size would tell how long the thread is). With the version a process last
 # parsed, an unchanged copy answers just 'same', so the caller reuses its parsed context.
+# A full reply is one document: the turns (each stored as its JSON) joined into the body of
+# a JSON array here, so the client reads four strings, not one per turn, and parses once.
 _READ = """
-local meta = redis.call('HMGET', KEYS[1], 'v', 'owner')
+local meta = redis.call('HMGET', KEYS[1], 'v', 'owner', 'summary', 'through')
 if not meta[1] then return {} end
 if ARGV[3] ~= 'any' and meta[2] ~= ARGV[2] then return {'owner'} end
 if ARGV[1] ~= '' and meta[1] == ARGV[1] then return {'same'} end
-return {'full', redis.call('HGETALL', KEYS[1]), redis.call('ZRANGE', KEYS[2], 0, -1)}
+local body = table.concat(redis.call('ZRANGE', KEYS[2], 0, -1), ',')
+return {'full', meta[1], meta[3], meta[4], body}
+"""
+
+# Inspection (tests, benchmarks, operators): the meta hash and the turn members as stored.
+_INSPECT = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return {} end
+return {redis.call('HGETALL', KEYS[1]), redis.call('ZRANGE', KEYS[2], 0, -1)}
 """
 
 # Delete a thread's copy and leave the marker that refuses any later write (see above).
@@ -133,7 +142,19 @@ NOT_OWNER = "owner"
 # The scripts the memory's steps name (memory_core/steps.py `Script`); async clients register
 # the same sources.
 SCRIPT_SOURCES = {"read": _READ, "write": _WRITE}
-ReadReply = tuple[bytes, dict[bytes, bytes], list[bytes] | None] | str | None
+
+
+class CopyRead(NamedTuple):
+    """A copy as the read script answers: `body` (the turns' JSON, comma-joined) is None when
+    the copy is still the version the reader knows."""
+
+    version: bytes
+    summary: bytes | None = None
+    through: bytes | None = None
+    body: bytes | None = None
+
+
+ReadReply = CopyRead | str | None
 
 
 class WorkingCopy:
@@ -146,6 +167,7 @@ class WorkingCopy:
         self.cap = cap
         self._write = client.register_script(_WRITE)
         self._read = client.register_script(_READ)
+        self._inspect = client.register_script(_INSPECT)
         self._forget = client.register_script(_FORGET)
         self.scripts = {"read": self._read, "write": self._write}
 
@@ -236,25 +258,21 @@ class WorkingCopy:
     def read(self, thread_id: UUID) -> tuple[dict[bytes, bytes], list[bytes]]:
         """Inspection (tests, benchmarks, operators): meta hash and turn members whoever owns
         them, atomically, in one round trip ({} when absent). Readers use `read_if_changed`."""
-        found = self._read_reply(thread_id, "", None, check_owner=False)
-        if not isinstance(found, tuple):
+        reply = self._inspect(keys=self.keys(thread_id))
+        if not reply:
             return {}, []
-        return found[1], found[2] or []
+        flat = reply[0]
+        return dict(zip(flat[::2], flat[1::2], strict=True)), reply[1] or []
 
     def read_if_changed(
         self, thread_id: UUID, owner_id: str, known_version: bytes | None
     ) -> ReadReply:
-        """(version, meta, members); members is None when the copy is still `known_version`.
+        """The copy (`CopyRead`; its body None when the copy is still `known_version`).
 
         Returns None when there is no copy and `NOT_OWNER` when it belongs to someone else
         (nothing of it leaves Redis then). One EVALSHA either way.
         """
-        return self._read_reply(thread_id, owner_id, known_version, check_owner=True)
-
-    def _read_reply(
-        self, thread_id: UUID, owner_id: str, known_version: bytes | None, *, check_owner: bool
-    ) -> ReadReply:
-        args = [known_version or "", owner_id, "owner" if check_owner else "any"]
+        args = [known_version or "", owner_id, "owner"]
         return self.parse_read(self._read(keys=self.keys(thread_id), args=args), known_version)
 
     @staticmethod
@@ -265,26 +283,24 @@ class WorkingCopy:
         if reply[0] == b"owner":
             return NOT_OWNER
         if reply[0] == b"same":
-            return known_version or b"", {}, None
-        flat = reply[1]
-        meta = dict(zip(flat[::2], flat[1::2], strict=True))
-        return meta[b"v"], meta, reply[2]
+            return CopyRead(known_version or b"")
+        return CopyRead(reply[1], reply[2], reply[3], reply[4] or b"")
 
     def delete(self, thread_id: UUID) -> None:
         self.client.delete(*self.keys(thread_id))
 
 
-def context_from_copy(
-    thread_id: UUID, meta: dict[bytes, bytes], members: list[bytes]
-) -> ConversationContext:
-    """Assemble the context JSON from the stored members and parse it in one pass."""
-    summary = meta.get(b"summary")
+def context_from_copy(thread_id: UUID, found: CopyRead) -> ConversationContext:
+    """The context from the copy's one document, parsed and validated in one pass (pydantic's
+    JSON parser: faster than decoding first and constructing models from the result)."""
+    if found.through is None:
+        raise ValueError("working copy without a summary cursor")
     head = json.dumps(
         {
             "thread_id": str(thread_id),
-            "summary": summary.decode() if summary is not None else None,
-            "summary_through_seq": int(meta[b"through"]),
+            "summary": found.summary.decode() if found.summary is not None else None,
+            "summary_through_seq": int(found.through),
         }
-    )
-    body = b",".join(members).decode()
-    return ConversationContext.model_validate_json(f'{head[:-1]}, "recent": [{body}]}}')
+    ).encode()
+    doc = b"".join((head[:-1], b', "recent": [', found.body or b"", b"]}"))
+    return ConversationContext.model_validate_json(doc)
