@@ -24,7 +24,7 @@ PART1 = (
     "| `aget_context` hit (summary + 40 turns; parsed anew each call) |",
     "| redis.asyncio GET of the same ",
     "| `asave_session_to_thread_safe` (50 warm threads) |",
-    "| its 2 SQL statements in 1 txn + 1 EVALSHA: psycopg 3 async + redis.asyncio ",
+    "| its 1 SQL statement (autocommit) + 1 EVALSHA: psycopg 3 async + redis.asyncio ",
 )
 PART2 = (
     "| async: one task per agent on one event loop |",

@@ -5,9 +5,9 @@
    hit (summary + 40 turns; the parsed context reused, and parsed anew on every call as by a
    process that has not seen this copy version), and `asave_session_to_thread_safe` vs
    `save_session_to_thread_safe` over 50 warm threads each. Raw limits, interleaved with them:
-   a GET of the copy's bytes (redis.asyncio and redis-py), and each save's two SQL statements
-   (captured from its own execution, as `agent-memory bench core` does) in one transaction
-   plus one EVALSHA: psycopg 3 AsyncConnection + redis.asyncio, and psycopg2 + redis-py.
+   a GET of the copy's bytes (redis.asyncio and redis-py), and each save's one SQL statement
+   (as it sends it, in autocommit, as `agent-memory bench core` does) plus one EVALSHA:
+   psycopg 3 AsyncConnection + redis.asyncio, and psycopg2 + redis-py.
 2. `aio_load`: AGENTS concurrent agents, each reading its context and saving a turn on its own
    thread, ROUNDS times: async on one event loop vs the sync API on thread pools of POOL (32)
    and of AGENTS threads.
@@ -160,16 +160,13 @@ class AsyncBench(_Bench):
 
     async def _araw_save(self, job: tuple[Any, ...]) -> None:
         """The raw save on psycopg 3's AsyncConnection and redis.asyncio."""
-        seq, upsert, insert, (meta, turns, gone), args = job
+        seq, params, (meta, turns, gone), args = job
         assert self.apg is not None  # noqa: S101  (opened by `warm_save_threads`)
-        async with self.apg.cursor() as cur:  # BEGIN is sent first, as under SQLAlchemy
-            await cur.execute(self.aupsert_sql, upsert)
+        async with self.apg.cursor() as cur:  # autocommit: one statement, as the product's
+            await cur.execute(self.asave_sql, params)
             row = await cur.fetchone()
             if row is None or row[0] != seq:
                 raise RuntimeError("raw async save: unexpected seq")
-            await cur.execute(self.ainsert_sql, insert)
-            await cur.fetchone()
-        await self.apg.commit()
         await self.aplain.evalsha(self.sha, 3, meta, turns, gone, *args)
 
     async def _asave(self, snap: dict[str, Any]) -> None:
@@ -193,8 +190,7 @@ class AsyncBench(_Bench):
         finally:
             event.remove(engine, "before_cursor_execute", capture)
         try:
-            self.aupsert_sql = captured["INSERT INTO conversation_threads"]
-            self.ainsert_sql = captured["INSERT INTO thread_messages"]
+            self.asave_sql = captured["WITH claim AS"]
         except KeyError:
             raise RuntimeError(
                 f"async save did not run the expected SQL: {list(captured)}"
@@ -208,7 +204,7 @@ class AsyncBench(_Bench):
         self.sha = self.plain.script_load(_WRITE)
         self.raw_seqs: dict[uuid.UUID, int] = {}
         self.cur = self.pg.cursor()
-        self.apg = await psycopg.AsyncConnection.connect(self.dsn())
+        self.apg = await psycopg.AsyncConnection.connect(self.dsn(), autocommit=True)
         for n in range(1, WARM_TURNS + 1):
             for i in range(THREADS):
                 if (i, n) != (0, 1):  # (the captured saves)
@@ -248,7 +244,7 @@ class AsyncBench(_Bench):
         )
         self.cur.close()
         label = f"`asave_session_to_thread_safe` ({THREADS} warm threads)"
-        rawl = "its 2 SQL statements in 1 txn + 1 EVALSHA: psycopg 3 async + redis.asyncio"
+        rawl = "its 1 SQL statement (autocommit) + 1 EVALSHA: psycopg 3 async + redis.asyncio"
         return (
             Versus("save", label, "`save_session_to_thread_safe`, sync", a, s, (cpu[0], cpu[1])),
             Versus(

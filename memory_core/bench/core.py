@@ -3,9 +3,9 @@
 Each figure is paired with a baseline doing the same I/O without the framework; the two are
 timed interleaved (alternating order, same process and servers), so noise hits both alike.
 
-1. save: `save_session_to_thread_safe` of distinct turns over 50 warm threads vs the same two
-   SQL statements (captured from the core's own execution) via psycopg2 in one transaction
-   plus one EVALSHA of the same working-copy script with the same arguments.
+1. save: `save_session_to_thread_safe` of distinct turns over 50 warm threads vs the same one
+   SQL statement (as the core renders and sends it: claim.finalize_statement) via psycopg2 in
+   autocommit, plus one EVALSHA of the same working-copy script with the same arguments.
 2. get_context hit on a full working copy (summary + 40 turns) vs a plain GET of as many bytes.
 3. rehydration (invalidate, then get_context) of a 10 000-turn vs a 60-turn thread, 40 unfolded
    turns each: the cost must not grow with history.
@@ -19,16 +19,15 @@ are removed at the end.
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import psycopg2
 import redis
-from sqlalchemy import event
 from sqlalchemy.engine import make_url
 
 from memory_core.bench.common import (
@@ -42,13 +41,15 @@ from memory_core.bench.common import (
     paired,
     snapshot,
 )
+from memory_core.claim import claim_params, finalize_statement
 from memory_core.context import ConversationContext
 from memory_core.conversation_memory import RedisConversationMemory
 from memory_core.db import get_engine
+from memory_core.fast_write import render
 from memory_core.redis_client import make_redis
 from memory_core.session_handler import TITLE_MAX, save_session_to_thread_safe
 from memory_core.settings import Settings
-from memory_core.tokens import count_cache, encoding
+from memory_core.tokens import count_cache, encoding, turn_size
 from memory_core.views import render_conversation_context
 from memory_core.working_copy import _WRITE
 
@@ -83,6 +84,9 @@ class _Bench:
         self.plain = redis.Redis.from_url(redis_url)
         dsn = make_url(self.settings.database_url).set(drivername="postgresql")
         self.pg = psycopg2.connect(dsn.render_as_string(hide_password=False))
+        # The raw save's connection: autocommit, as the product's one statement.
+        self.pg_auto = psycopg2.connect(self.pg.dsn)
+        self.pg_auto.autocommit = True
         self.threads: list[uuid.UUID] = []
         self.scratch = f"{KEY_PREFIX}:{{{self.owner}}}:scratch"
 
@@ -95,6 +99,7 @@ class _Bench:
         self.pg.rollback()
         self._sql("DELETE FROM conversation_threads WHERE owner_id = %(owner)s")
         self.pg.close()
+        self.pg_auto.close()
         keys = [k for t in self.threads for k in self.memory.copy.keys(t)] + [self.scratch]
         for i in range(0, len(keys), 500):
             self.plain.delete(*keys[i : i + 500])
@@ -114,23 +119,13 @@ class _Bench:
     # -- 1. save -------------------------------------------------------------------------
 
     def _capture_save_sql(self, first: dict[str, Any]) -> None:
-        """Run one core save and keep the exact SQL (and bound parameters) it sent."""
-        captured: dict[str, tuple[str, dict[str, Any]]] = {}
-
-        def capture(*args: Any) -> None:  # (conn, cursor, statement, parameters, ...)
-            captured[args[2].split("(")[0].strip()] = (args[2], dict(args[3]))
-
-        engine = get_engine(self.settings.database_url)
-        event.listen(engine, "before_cursor_execute", capture)
-        try:
-            self._core_save(first)
-        finally:
-            event.remove(engine, "before_cursor_execute", capture)
-        try:
-            self.upsert_sql, self.upsert_tmpl = captured["INSERT INTO conversation_threads"]
-            self.insert_sql, self.insert_tmpl = captured["INSERT INTO thread_messages"]
-        except KeyError:
-            raise RuntimeError(f"save did not run the expected SQL: {list(captured)}") from None
+        """Run one core save, and keep the statement the save sends as it sends it: the SQL
+        text and literal parameters fast_write renders from claim.finalize_statement."""
+        self._core_save(first)
+        rendered = render(finalize_statement(), get_engine(self.settings.database_url).dialect)
+        if not rendered.sql.startswith("WITH claim AS"):
+            raise RuntimeError("save did not render the expected SQL")
+        self.save_sql, self.rendered = rendered.sql, rendered
 
     def _raw_job(self, tid: uuid.UUID, n: int) -> tuple[Any, ...]:
         """Everything the raw save sends, prepared untimed (seq is predictable: one writer)."""
@@ -144,30 +139,37 @@ class _Bench:
         else:
             args = copy.append_args(self.owner, 0, turn)
         title = " ".join(snap["user_query"].split())[:TITLE_MAX]
-        upsert = dict(self.upsert_tmpl, id=str(tid), owner_id=self.owner, title=title)
-        insert = dict(
-            self.insert_tmpl,
-            thread_id=str(tid),
-            session_id=snap["session_id"],
-            seq=seq,
-            user_query=snap["user_query"],
-            answer=snap["answer"],
-            # What SQLAlchemy's JSONB bind processor sends: json.dumps of the value.
-            artifacts=json.dumps([a.model_dump(mode="json") for a in turn.artifacts]),
-            response_payload=json.dumps(snap["response_payload"]),
-            completed_at=turn.completed_at,
+        mem = self.memory
+        # The product's parameters, bound by the same processors (UUID text, JSONB as JSON).
+        params = self.rendered.bind(
+            claim_params(
+                thread_id=tid,
+                owner_id=self.owner,
+                agent_type=snap["agent_type"],
+                title=title,
+                fold_threshold=mem.compression_threshold,
+                republish_grace_s=mem.settings.memory_fold_republish_grace_s,
+                turn_tokens=turn_size(turn),
+                token_trigger=mem.fold_token_trigger,
+            )
+            | {
+                "thread_id": tid,
+                "session_id": snap["session_id"],
+                "user_query": snap["user_query"],
+                "answer": snap["answer"],
+                "artifacts": [a.model_dump(mode="json") for a in turn.artifacts],
+                "response_payload": snap["response_payload"],
+                "completed_at": turn.completed_at,
+            }
         )
-        return seq, upsert, insert, copy.write_keys(tid), args
+        return seq, params, copy.write_keys(tid), args
 
     def _raw_save(self, job: tuple[Any, ...]) -> None:
-        seq, upsert, insert, (meta, turns, gone), args = job
-        cur = self.cur
-        cur.execute(self.upsert_sql, upsert)  # psycopg2 sends BEGIN first, as under SQLAlchemy
+        seq, params, (meta, turns, gone), args = job
+        cur = self.cur  # autocommit: the statement commits on its own, as the product's
+        cur.execute(self.save_sql, params)
         if cur.fetchone()[0] != seq:
             raise RuntimeError("raw save: unexpected seq")
-        cur.execute(self.insert_sql, insert)
-        cur.fetchone()
-        self.pg.commit()
         self.plain.evalsha(self.sha, 3, meta, turns, gone, *args)
 
     def save(self) -> Pair:
@@ -176,7 +178,7 @@ class _Bench:
         self._capture_save_sql(snapshot(core_t[0], 1, self.owner))
         self.sha = self.plain.script_load(_WRITE)
         self.raw_seqs: dict[uuid.UUID, int] = {}
-        self.cur = self.pg.cursor()
+        self.cur = self.pg_auto.cursor()
         # Warm threads and copies (a few turns each), then keep folds from being published.
         for n in range(1, WARM_TURNS + 1):
             for i in range(THREADS):
@@ -198,7 +200,7 @@ class _Bench:
         )
         self.cur.close()
         label = f"sync save `save_session_to_thread_safe` ({THREADS} warm threads)"
-        raw = "the same 2 SQL statements via psycopg2 in 1 txn + 1 EVALSHA, same args"
+        raw = "the same SQL statement via psycopg2 (autocommit) + 1 EVALSHA, same args"
         return Pair("save", label, raw, 1.5, *times)
 
     def _core_save(self, snap: dict[str, Any]) -> None:
@@ -299,10 +301,19 @@ def bench_core(
     redis_url: str,
     iterations: int = 2000,
     out: Callable[[str], None] = print,
+    plots_dir: Path | None = None,
 ) -> dict[str, float]:
-    """Run the core benchmark once; print the table and return every figure (µs, ratios)."""
+    """Run the core benchmark once; print the table and return every figure (µs, ratios).
+
+    With plots_dir, also write `core-<key>.png` per figure and `core-overview.png` there
+    (memory_core/bench/plots.py; needs the `bench` extra, checked before the run).
+    """
     if iterations < 1:
         raise ValueError("iterations must be positive")
+    if plots_dir is not None:
+        from memory_core.bench.plots import require_matplotlib
+
+        require_matplotlib()
     started = time.perf_counter()
     bench = _Bench(database_url, redis_url, iterations)
     try:
@@ -328,4 +339,9 @@ def bench_core(
     ]
     for line in format_table(pairs, header):
         out(line)
+    if plots_dir is not None:
+        from memory_core.bench.plots import PREFIX, write_latency_plots
+
+        files = write_latency_plots(pairs, plots_dir, title_note="\n".join(header))
+        out(f"plots: {plots_dir}/{PREFIX}-*.png ({len(files)} files)")
     return results

@@ -1,9 +1,16 @@
 """One run of `agent-memory bench workers` on one broker: a Celery worker subprocess, the
 threads it works on, the timed rounds of finalize and no-op jobs, and the in-process fold
-arithmetic. `close` removes everything the run created."""
+arithmetic. `close` removes everything the run created.
+
+The bench worker's shape is an option (`agent-memory bench sizing` sweeps it): pool, concurrency,
+prefetch multiplier and queues. The defaults are the worker `bench workers` always ran
+(prefork, -c 2, prefetch 1, both queues). A worker on `memory.finalize` alone gets threads that
+fold no turn of the run (no fold job is published for a worker nobody runs); a worker on
+`memory.fold` alone is timed by `fold_throughput`."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -20,16 +27,17 @@ from unittest.mock import patch
 
 import celery
 import psycopg2
+from kombu.transport.memory import Channel as MemoryChannel
 from sqlalchemy.engine import make_url
 
-from memory_core.bench.broker_adapters import open_broker, render_envelopes
+from memory_core.bench.broker_adapters import RedisBroker, open_broker, render_envelopes
 from memory_core.bench.common import BASE_TIME, LOAD_TURNS, snapshot
 from memory_core.conversation_memory import RedisConversationMemory
 from memory_core.devservices.fake_llm import FakeLLMServer
 from memory_core.devservices.poll import wait_for
-from memory_core.devservices.workers import WorkerProcess
+from memory_core.devservices.workers import QUEUES, WorkerProcess
 from memory_core.folding import Folder
-from memory_core.queues import FINALIZE_TASK, FOLD_TASK
+from memory_core.queues import FINALIZE_QUEUE, FINALIZE_TASK, FOLD_QUEUE, FOLD_TASK
 from memory_core.redis_client import make_redis
 from memory_core.session_handler import save_session_to_thread_safe
 from memory_core.settings import Settings
@@ -48,6 +56,57 @@ _THREAD = """INSERT INTO conversation_threads
 VALUES (%(id)s, %(owner)s, 'chat', 'bench', %(summary)s, %(through)s, %(n)s)"""
 _SUCCEEDED = re.compile(r"Task (\S+)\[[^\]]+\] succeeded in ([0-9.e-]+)s")
 _RECEIVED = re.compile(r"^Task \S+\[[^\]]+\] received$")
+POOLS = ("prefork", "threads", "gevent", "solo")
+_FOLDED = """SELECT count(*) FROM conversation_threads
+WHERE id = ANY(%s::uuid[]) AND summary_through_seq > 0"""
+
+
+def check_worker_options(pool: str, concurrency: int, prefetch: int, queues: str) -> None:
+    """Refuse a bench worker shape Celery would not run as asked (ValueError), or a pool whose
+    library is not installed (RuntimeError)."""
+    if pool not in POOLS:
+        raise ValueError(f"unknown pool {pool!r}: one of {', '.join(POOLS)}")
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+    if pool == "solo" and concurrency != 1:
+        raise ValueError("the solo pool runs one job at a time: concurrency must be 1")
+    if prefetch < 1:
+        raise ValueError(
+            f"prefetch multiplier must be at least 1 (0 means no limit), got {prefetch}"
+        )
+    wanted = [q for q in queues.split(",") if q]
+    if not wanted or set(wanted) - {FINALIZE_QUEUE, FOLD_QUEUE}:
+        raise ValueError(f"queues must be among {QUEUES}, got {queues!r}")
+    if pool == "gevent" and importlib.util.find_spec("gevent") is None:
+        raise RuntimeError("the gevent pool needs gevent: pip install 'agent-memory[bench]'")
+
+
+def bench_worker(
+    log_dir: Path,
+    *,
+    name: str,
+    env: dict[str, str],
+    pool: str = "prefork",
+    concurrency: int = 2,
+    prefetch: int = 1,
+    queues: str = QUEUES,
+) -> WorkerProcess:
+    """The bench's worker (not started): `WorkerProcess` with the bench tasks loaded and the
+    pool, concurrency, prefetch multiplier and queues asked for."""
+    check_worker_options(pool, concurrency, prefetch, queues)
+    worker = WorkerProcess(
+        log_dir,
+        name=name,
+        queues=queues,
+        concurrency=concurrency,
+        pool=pool,
+        extra_args=["-I", "memory_core.bench.tasks"],
+        env=env,
+    )
+    if prefetch != 1:  # WorkerProcess passes `--prefetch-multiplier 1`: replace its value
+        for args in (worker.options, worker.argv):
+            args[args.index("--prefetch-multiplier") + 1] = str(prefetch)
+    return worker
 
 
 def _task_times_ms(log: str) -> dict[str, list[float]]:
@@ -61,9 +120,30 @@ def _task_times_ms(log: str) -> dict[str, list[float]]:
 class WorkersBench:
     """The bench on one broker; `close` removes what it created, the worker included."""
 
-    def __init__(self, database_url: str, redis_url: str, broker_url: str, jobs: int) -> None:
-        self.jobs = jobs
+    def __init__(
+        self,
+        database_url: str,
+        redis_url: str,
+        broker_url: str,
+        jobs: int,
+        *,
+        pool: str = "prefork",
+        concurrency: int = 2,
+        prefetch: int = 1,
+        queues: str = QUEUES,
+    ) -> None:
+        check_worker_options(pool, concurrency, prefetch, queues)  # before anything is opened
+        self.jobs, self.pool, self.concurrency, self.prefetch = jobs, pool, concurrency, prefetch
+        served = set(queues.split(","))
+        self.serves_finalize, self.serves_fold = FINALIZE_QUEUE in served, FOLD_QUEUE in served
         self.n_threads = max(1, min(MAX_THREADS, jobs // TURNS_PER_THREAD))
+        if not self.serves_fold:  # no thread may reach a fold: TURNS_PER_THREAD turns at most
+            if jobs > MAX_THREADS * TURNS_PER_THREAD:
+                raise ValueError(
+                    f"a worker on {FINALIZE_QUEUE} alone takes at most "
+                    f"{MAX_THREADS * TURNS_PER_THREAD} jobs (no turn of the run may fold)"
+                )
+            self.n_threads = max(1, -(-jobs // TURNS_PER_THREAD))
         tag = uuid.uuid4().hex[:12]
         # Postgres first: the first thing the command's options name, and the first to fail.
         dsn = make_url(database_url).set(drivername="postgresql")
@@ -98,11 +178,14 @@ class WorkersBench:
         self.enqueued: list[tuple[int, float, float]] = []
         self.tmp = Path(tempfile.mkdtemp(prefix="agent-memory-benchw-"))
         self.llm = FakeLLMServer().start()
-        self.worker = WorkerProcess(
+        self.worker = bench_worker(
             self.tmp,
             name=f"benchw{tag[:6]}",
-            extra_args=["-I", "memory_core.bench.tasks"],
             env=self._worker_env(),
+            pool=pool,
+            concurrency=concurrency,
+            prefetch=prefetch,
+            queues=queues,
         )
 
     def _worker_env(self) -> dict[str, str]:
@@ -243,16 +326,21 @@ class WorkersBench:
             )
         self.worker.start()
 
-    def _preload(self, count: int, *, phased: bool) -> list[uuid.UUID]:
-        """Threads of PRELOAD turns (bulk insert, warm copies) with 10 + phase unfolded turns:
-        phases 0..10 spread the folds evenly; unphased threads fold on their next turn."""
+    def _preload(
+        self, count: int, *, phased: bool = False, folded: bool = False, turns: int = PRELOAD
+    ) -> list[uuid.UUID]:
+        """Threads of `turns` turns (bulk insert, warm copies). Phased: 10 + phase unfolded
+        turns, phases 0..10 spreading the folds evenly; folded: every turn folded, so the next
+        TURNS_PER_THREAD turns fold nothing; else none folded (PRELOAD turns: they fold on
+        their next turn; PRELOAD + 1: a fold is due now)."""
         tids = [uuid.uuid4() for _ in range(count)]
         self.threads += tids
         self.loaded += tids
         for i, tid in enumerate(tids):
             through = RECENT - i % (THRESHOLD - RECENT + 1) if phased else 0
+            through = turns if folded else through
             summary = "Running summary of the analysis." if through else None
-            params = {"id": str(tid), "owner": self.owner, "n": PRELOAD, "through": through}
+            params = {"id": str(tid), "owner": self.owner, "n": turns, "through": through}
             self._sql(_THREAD, params | {"summary": summary})
             self._sql(LOAD_TURNS, params | {"base": BASE_TIME})
             self.memory.get_context(tid, self.owner)
@@ -303,8 +391,11 @@ class WorkersBench:
         """Start the worker and put a few jobs of both tasks through it. Returns the timed
         rounds' turns (round-robin over the phased threads) and the rows landed so far."""
         self._start_worker()
-        tids = self._preload(self.n_threads, phased=True)
-        warm = self._preload(4, phased=False)  # each folds at once: every child warms its LLM path
+        # A worker on memory.finalize alone: threads whose turns of the run fold nothing.
+        folded = not self.serves_fold
+        tids = self._preload(self.n_threads, phased=not folded, folded=folded)
+        # Each folds at once (on a worker that folds): every child warms its LLM path.
+        warm = self._preload(4, folded=folded)
         n = len(tids)
         snaps = [snapshot(tids[i % n], PRELOAD + 1 + i // n, self.owner) for i in range(self.jobs)]
         warm_snaps = [snapshot(t, PRELOAD + k, self.owner) for k in (1, 2, 3) for t in warm]
@@ -318,10 +409,11 @@ class WorkersBench:
         """Seconds per side: finalize until its rows landed ("drain": until its folds also
         drained), the no-op until the broker and the worker's count say every job ran."""
         cut = [self.jobs * q // 4 for q in range(5)]
-        spent = {"finalize": 0.0, "noop": 0.0, "drain": 0.0}
+        spent = {"finalize": 0.0, "noop": 0.0, "drain": 0.0, "cpu_F": 0.0, "cpu_N": 0.0}
         limit = 60 + self.jobs / 20
         for i, side in enumerate(ROUNDS):
             batch = snaps[cut[i // 2] : cut[i // 2 + 1]]
+            cpu = self._cpu_s()
             if side == "F":
                 rows += len(batch)
                 t0 = self._enqueue(FINALIZE_TASK, batch, timed=True)
@@ -334,11 +426,27 @@ class WorkersBench:
                 self.wait(done, limit, "no-op jobs")
                 t1 = seen[0]
             spent["finalize" if side == "F" else "noop"] += t1 - t0
+            spent[f"cpu_{side}"] += self._cpu_s() - cpu
         return spent
+
+    def _cpu_s(self) -> float:
+        """CPU seconds (user + system) the worker's processes used so far: the main process
+        and its pool children (Linux /proc; 0 where it cannot be read)."""
+        total = 0
+        for pid in (self.worker.pid, *self.worker.children()):
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+            except OSError:  # a child that just exited, or no /proc
+                continue
+            fields = stat.rsplit(")", 1)[1].split()  # after the command name: state is 3rd
+            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+        return total / os.sysconf("SC_CLK_TCK")
 
     def throughput(self) -> dict[str, float]:
         """Finalize vs no-op jobs/s through the worker, also timed from each round's first
         pickup, with the time inside each task from the worker's log."""
+        if not self.serves_finalize:
+            raise ValueError(f"finalize throughput needs a worker on {FINALIZE_QUEUE}")
         snaps, rows = self._warm_up()
         log_from, llm_from = self.worker.log_path.stat().st_size, len(self.llm.requests)
         rows_from, noops_from = self._rows(), self._noop_total()
@@ -371,4 +479,61 @@ class WorkersBench:
             "finalize.folds": float(len(self.llm.requests) - llm_from),
             **{f"task.{k.split('.')[-1]}_p50_ms": median(v or [0]) for k, v in times.items()},
             "task.fold_share": fold_ms / (fold_ms + finalize_ms),
+            # The worker's own CPU (not Postgres's or Redis's), folds included on the F side.
+            "cpu_ms.finalize_per_job": 1000 * spent["cpu_F"] / self.jobs,
+            "cpu_ms.noop_per_job": 1000 * spent["cpu_N"] / self.jobs,
+        }
+
+    def _folded(self, tids: list[uuid.UUID]) -> int:
+        return int(self._sql(_FOLDED, [[str(t) for t in tids]])[0])
+
+    def _push_folds(self, tids: list[uuid.UUID]) -> float:
+        """One `memory.fold_thread` job per thread, rendered as `send_task` writes it (untimed),
+        then pushed onto `memory.fold` in one LPUSH; returns the time of the push."""
+        if not isinstance(self.broker, RedisBroker):
+            raise ValueError("fold throughput is measured on a Redis broker (redis://)")
+        app = celery.Celery("agent-memory-bench", set_as_current=False)
+        with app.connection_for_write("memory://") as conn:  # explicit: CELERY_BROKER_URL wins
+            producer = app.amqp.Producer(conn)
+            for tid in tids:
+                app.send_task(FOLD_TASK, args=[str(tid)], queue=FOLD_QUEUE, producer=producer)
+            box = MemoryChannel.queues[FOLD_QUEUE]
+            messages = [json.dumps(box.get_nowait()).encode() for _ in tids]
+        t0 = time.perf_counter()
+        self.broker.client.lpush(FOLD_QUEUE, *messages)
+        return t0
+
+    def fold_throughput(self, folds: int, llm_latency_s: float) -> dict[str, float]:
+        """Fold jobs/s through a worker on `memory.fold` alone (Redis broker): `folds` threads of
+        PRELOAD + 1 turns, none folded (a fold of 11 turns due in each), one fold job each,
+        pushed at once. The fake LLM holds every request `llm_latency_s` before it answers.
+        Timed from the push until every thread's summary is stored and the broker is empty.
+        Untimed before: one fold per worker slot (at most 8), at the same latency."""
+        if self.serves_finalize or not self.serves_fold:
+            raise ValueError(f"fold throughput needs a worker on {FOLD_QUEUE} alone")
+        if folds < 1 or llm_latency_s < 0:
+            raise ValueError("folds must be at least 1 and the LLM latency at least 0")
+        if llm_latency_s > 0:
+            self.llm.delay_s = llm_latency_s
+            self.llm.set_mode("timeout")  # holds each request delay_s, then answers as "ok"
+        limit = 60 + folds * (llm_latency_s + 0.1)  # one fold at a time, and then some
+        self._start_worker()
+        warm = self._preload(min(self.concurrency, 8), turns=PRELOAD + 1)
+        self._push_folds(warm)
+        self.wait(lambda: self._folded(warm) == len(warm) and self._drained(), limit, "warm-up")
+        tids = self._preload(folds, turns=PRELOAD + 1)
+        log_from, llm_from = self.worker.log_path.stat().st_size, len(self.llm.requests)
+        cpu = self._cpu_s()
+        t0 = self._push_folds(tids)
+        t1 = self.wait(lambda: self._folded(tids) == folds and self._drained(), limit, "folds")
+        cpu = self._cpu_s() - cpu
+        with self.worker.log_path.open("rb") as f:
+            f.seek(log_from)
+            times = _task_times_ms(f.read().decode(errors="replace"))
+        return {
+            "fold.jobs_s": folds / (t1 - t0),
+            "fold.folded": float(self._folded(tids)),
+            "fold.llm_calls": float(len(self.llm.requests) - llm_from),
+            "task.fold_thread_p50_ms": median(times[FOLD_TASK] or [0]),
+            "cpu_ms.fold_per_job": 1000 * cpu / folds,
         }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -14,14 +15,52 @@ bench_app = typer.Typer(
 )
 
 
+DEFAULT_PLOTS_DIR = Path("docs/bench")
+
+
 @bench_app.command("core")
 @one_line_errors
-def bench_core_cmd(iterations: int = 2000) -> None:
-    """Save, get_context, rehydration and rendering against their raw limits."""
+def bench_core_cmd(
+    iterations: int = 2000,
+    plots: Annotated[
+        str | None,
+        typer.Option(
+            "--plots",
+            metavar="DIR",
+            help="Write PNG plots of each figure's latency distribution beside its raw limit "
+            "(core-<figure>.png, core-overview.png) to DIR, created if missing. Default: "
+            "docs/bench if that folder exists in the current directory, else no plots. "
+            "Needs matplotlib: pip install 'agent-memory\\[bench]'.",
+        ),
+    ] = None,
+    no_plots: Annotated[
+        bool, typer.Option("--no-plots", help="Print the table only, write no plots.")
+    ] = False,
+) -> None:
+    """Save, get_context, rehydration and rendering against their raw limits.
+
+    Prints the table; with plots (see --plots) also writes one PNG per figure.
+    """
     from memory_core.bench.core import bench_core
 
+    if no_plots and plots:
+        fail("--plots and --no-plots exclude each other")
+    if no_plots or plots == "":
+        plots_dir = None
+    elif plots is not None:
+        plots_dir = Path(plots)
+    else:
+        plots_dir = DEFAULT_PLOTS_DIR if DEFAULT_PLOTS_DIR.is_dir() else None
     s = get_settings()
-    bench_core(database_url=s.database_url, redis_url=s.redis_url, iterations=iterations)
+    try:
+        bench_core(
+            database_url=s.database_url,
+            redis_url=s.redis_url,
+            iterations=iterations,
+            plots_dir=plots_dir,
+        )
+    except (RuntimeError, ValueError) as exc:
+        fail(str(exc))
 
 
 @bench_app.command("access")
@@ -98,6 +137,66 @@ def bench_workers_cmd(
         fail(str(exc))
 
 
+@bench_app.command("sizing")
+@one_line_errors
+def bench_sizing_cmd(
+    *,
+    broker_url: Annotated[
+        str,
+        typer.Option(
+            help="A broker for the bench workers alone: a Redis database nothing else uses "
+            "(redis://; the fold points need Redis) or RabbitMQ (amqp://)."
+        ),
+    ],
+    jobs: Annotated[int, typer.Option(help="Finalize (and no-op) jobs per finalize point.")] = 800,
+    folds: Annotated[int, typer.Option(help="Fold jobs per fold point.")] = 48,
+    llm_latency: Annotated[
+        float, typer.Option(help="Seconds the bench's fake LLM holds each fold request.")
+    ] = 0.5,
+    repeat: Annotated[
+        int, typer.Option(help="Passes over the points (order reversed every other); medians.")
+    ] = 1,
+    finalize: Annotated[
+        str,
+        typer.Option(
+            help="Finalize worker shapes: pool:c1,c2;pool:c@prefetch (pools prefork, threads, "
+            "gevent, solo); empty: none."
+        ),
+    ] = "prefork:1,2,4,8;threads:4,8,16;gevent:8,32;prefork:4@4",
+    fold: Annotated[
+        str, typer.Option(help="Fold worker shapes, as --finalize; empty: none.")
+    ] = "prefork:2,4;threads:8,32;gevent:32",
+    plot: Annotated[
+        str, typer.Option(help="The PNG to draw (needs the `bench` extra); empty: none.")
+    ] = "docs/bench/sizing-throughput.png",
+) -> None:
+    """Finalize and fold jobs/s per worker pool (prefork, threads, gevent) and concurrency."""
+    from pathlib import Path
+
+    from kombu.exceptions import OperationalError as BrokerUnreachable
+
+    from memory_core.bench.sizing import bench_sizing
+
+    s = get_settings()
+    try:
+        bench_sizing(
+            database_url=s.database_url,
+            redis_url=s.redis_url,
+            broker_url=broker_url,
+            jobs=jobs,
+            folds=folds,
+            llm_latency_s=llm_latency,
+            repeat=repeat,
+            finalize=finalize,
+            fold=fold,
+            plot=Path(plot) if plot else None,
+        )
+    except BrokerUnreachable as exc:
+        fail(f"cannot reach the broker: {exc}")
+    except (RuntimeError, ValueError) as exc:
+        fail(str(exc))
+
+
 @bench_app.command("forget")
 @one_line_errors
 def bench_forget_cmd(
@@ -166,5 +265,26 @@ def bench_async_cmd(
         )
     except BrokerUnreachable as exc:
         fail(f"cannot reach the broker: {exc}")
+    except (RuntimeError, ValueError) as exc:
+        fail(str(exc))
+
+
+@bench_app.command("profile")
+@one_line_errors
+def bench_profile_cmd(
+    calls: Annotated[int, typer.Option(help="Profiled calls of each: saves, first reads.")] = 2000,
+    out_dir: Annotated[
+        Path | None,
+        typer.Option("--out", help="Where the call trees go (profile-save.txt, profile-read.txt)."),
+    ] = None,
+) -> None:
+    """Where the sync save's and the first read's time goes (pyinstrument), by self time."""
+    from memory_core.bench.profile import bench_profile
+
+    s = get_settings()
+    try:
+        bench_profile(
+            database_url=s.database_url, redis_url=s.redis_url, calls=calls, out_dir=out_dir
+        )
     except (RuntimeError, ValueError) as exc:
         fail(str(exc))
