@@ -72,13 +72,20 @@ def check_snapshot_size(value: Any, limit: int = MAX_SNAPSHOT_CHARS) -> None:
     stack: list[tuple[Any, int]] = [(value, 0)]
     while stack:
         item, depth = stack.pop()
-        if isinstance(item, str):
+        kind = type(item)  # exact types first: isinstance against the Mapping ABC is slow
+        if kind is str:
+            total += len(item) + 2
+        elif kind is dict:
+            total += _mapping(stack, item, depth)
+        elif kind is list:
+            if depth < MAX_JSON_DEPTH:
+                stack.extend((v, depth + 1) for v in item)
+        elif kind is int or kind is float or kind is bool or item is None:
+            total += 8
+        elif isinstance(item, str):
             total += len(item) + 2
         elif isinstance(item, Mapping):
-            if depth < MAX_JSON_DEPTH:
-                for k, v in item.items():
-                    total += len(k) + 3 if isinstance(k, str) else 8
-                    stack.append((v, depth + 1))
+            total += _mapping(stack, item, depth)
         elif isinstance(item, list | tuple):
             if depth < MAX_JSON_DEPTH:
                 stack.extend((v, depth + 1) for v in item)
@@ -91,6 +98,17 @@ def check_snapshot_size(value: Any, limit: int = MAX_SNAPSHOT_CHARS) -> None:
             )
 
 
+def _mapping(stack: list[tuple[Any, int]], item: Mapping[Any, Any], depth: int) -> int:
+    """Push a mapping's values for `check_snapshot_size`; the size of its keys."""
+    if depth >= MAX_JSON_DEPTH:
+        return 0
+    size = 0
+    for k, v in item.items():
+        size += len(k) + 3 if isinstance(k, str) else 8
+        stack.append((v, depth + 1))
+    return size
+
+
 def _check_json(value: Any, depth: int = 0) -> None:
     """Walk a JSON-like value: every string (keys too) must be storable text.
 
@@ -98,14 +116,17 @@ def _check_json(value: Any, depth: int = 0) -> None:
     """
     if depth > MAX_JSON_DEPTH:
         raise ValueError(f"nested more than {MAX_JSON_DEPTH} levels deep")
+    kind = type(value)
+    if kind is int or kind is float or kind is bool or value is None:
+        return  # the common leaves, without the isinstance chain below
     if isinstance(value, str):
         try:
             _check_text(value)
         except ValueError as exc:
             raise ValueError(f"a string at depth {depth} {exc}") from None
-    elif isinstance(value, Mapping):
+    elif kind is dict or isinstance(value, Mapping):
         for k, v in value.items():
-            if not isinstance(k, str):
+            if type(k) is not str and not isinstance(k, str):
                 raise ValueError(f"object keys must be strings (at depth {depth})")
             try:
                 _check_text(k)
