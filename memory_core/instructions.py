@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 from memory_core.artifacts import one_line
 from memory_core.instruction_patterns import (
@@ -204,14 +205,15 @@ def _qualified_key(clause: str, text: str, raw: str) -> str | None:
     cue = bool(CUE.search(text))
     polite = bool(re.match(r"\s*(?:please|can you|could you|would you|will you)\b", raw, re.I))
     lasting = polite or bool(STRONG_CUE.search(text))
-    key = _category(clause)
-    if key is None:
-        return None
-    definition = key.startswith("define:")
     asks = (raw.rstrip().endswith("?") and clause == text) or QUESTION_START.match(clause)
-    if asks and not (lasting or definition):
-        return None
-    if not (cue or IMPERATIVE.match(clause) or definition):
+    # Only a definition passes a question without a lasting cue, or a clause with neither a
+    # cue nor an imperative: then only `_definition` (which `_category` tries first) can
+    # answer, and the costly rest of `_category` is skipped.
+    if (asks and not lasting) or not (cue or IMPERATIVE.match(clause)):
+        key = _definition(clause)
+    else:
+        key = _category(clause)
+    if key is None:
         return None
     if key in CUE_ONLY and not cue:  # "make that a bar chart" changes one chart
         return None
@@ -243,6 +245,13 @@ def _sentence_keys(raw: str, text: str) -> list[tuple[str, str]]:
 
 def detect(query: str) -> list[Instruction]:
     """Standing instructions stated in one user message, in order."""
+    return list(_detect(query))
+
+
+# A fold reads each folded turn more than once (the prompt's section, then carry_forward),
+# and detection is a few hundred regex searches per message: keep recent answers, bounded.
+@lru_cache(maxsize=1024)
+def _detect(query: str) -> tuple[Instruction, ...]:
     out: list[Instruction] = []
     for raw in _SENTENCE.split(query):
         text = _clean(raw.strip().rstrip(".;!?").strip())
@@ -252,4 +261,4 @@ def detect(query: str) -> list[Instruction]:
             shown = words[:1].upper() + words[1:]
             lifts = bool(REVOKE_FILTER.search(words) or SCOPE_RESET.search(words))
             out.append(Instruction(key, one_line(shown, MAX_CHARS), lifts))
-    return out
+    return tuple(out)
