@@ -6,6 +6,7 @@ No timing assertions: the figures depend on the machine; docs/BENCHMARKS.md hold
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 from memory_core.bench.core import COMMAND, bench_core
 from memory_core.bench.guest import bench_access, bench_rss
@@ -49,3 +50,31 @@ def test_bench_rss_measures_a_fresh_process_at_100_and_n_turns() -> None:
     assert results["rss_100"] > 0 and results["rss_120"] > 0
     assert results["growth_mib"] == results["rss_120"] - results["rss_100"]
     assert lines[-1] == f"growth from 100 to 120 turns: {results['growth_mib']:+.1f} MiB"
+
+
+def test_bench_profile_names_where_the_save_and_the_first_read_spend_time(
+    tmp_path: Path,
+) -> None:
+    from memory_core.bench.profile import COMMAND as PROFILE
+    from memory_core.bench.profile import bench_profile
+
+    settings = get_settings()
+    lines: list[str] = []
+    bench_profile(
+        database_url=settings.database_url,
+        redis_url=settings.redis_url,
+        calls=40,
+        out_dir=tmp_path,
+        out=lines.append,
+    )
+    assert lines[0] == f"$ {PROFILE} --calls 40"
+    sections = [line for line in lines if line.startswith("### ")]
+    assert [s.split(":")[0] for s in sections] == [
+        "### sync save",
+        "### first read (get_context, parsed anew)",
+    ]
+    shares = [line for line in lines if line.startswith("| ") and line.rstrip().endswith("|")]
+    # The save's statement is named as the Postgres round trip, not as our code.
+    assert any(line.startswith("| Postgres statement") for line in shares)
+    assert (tmp_path / "profile-save.txt").read_text().strip()
+    assert "validate_json" in (tmp_path / "profile-read.txt").read_text()

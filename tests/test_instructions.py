@@ -380,3 +380,17 @@ def test_folding_any_messages_stays_within_the_bound(queries: list[str], bound: 
             summary, [turn(seq, query, (f"SELECT 1 FROM t WHERE {query!r}",))], bound
         )
         assert count_tokens(summary) <= bound
+
+
+def test_detect_answers_from_its_memo_are_fresh_lists() -> None:
+    """detect() remembers recent messages (folds read each turn twice): a caller that changes
+    the list it got must not change what the next caller gets."""
+    from memory_core.instructions import _detect
+
+    query = "Exclude test accounts from now on; always use USD."
+    first = detect(query)
+    assert [i.key for i in first] == ["filter:test account", "currency"]
+    first.clear()
+    again = detect(query)
+    assert [i.key for i in again] == ["filter:test account", "currency"]
+    assert _detect.cache_info().maxsize == 1024  # bounded: a guest in its host

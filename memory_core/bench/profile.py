@@ -53,6 +53,10 @@ def _require_pyinstrument() -> Any:
 def _group(file_path: str, function: str) -> str:
     if function.rsplit(".", 1)[-1] in ("recv", "recv_into", "poll", "select", "read"):
         return "socket wait (server + network)"
+    if function == "execute_autocommit":
+        # psycopg2's cursor.execute is C that pyinstrument does not see as a frame: the self
+        # time of its caller is the statement's round trip, execution and commit.
+        return "Postgres statement (psycopg2 execute: round trip + commit)"
     for needle, name in GROUPS:
         if f"/{needle}/" in file_path or file_path.startswith(needle):
             return name
