@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.util import greenlet_spawn
 
 from memory_core.aio import run_blocking
 from memory_core.fast_write import execute_autocommit
@@ -324,9 +325,12 @@ class AsyncIO:
             async with self.engine.connect() as conn:
                 return _fetch(await conn.execute(step.stmt, step.params), step.fetch)
         if isinstance(step, Write):
-            async with self.engine.connect() as aconn:
-                auto = await aconn.execution_options(isolation_level="AUTOCOMMIT")
-                return _fetch(await auto.execute(step.stmt, step.params), step.fetch)
+            # The blocking fast path on the async pool's adapted connection, in one greenlet
+            # (as SQLAlchemy's asyncio layer runs its own), instead of a greenlet per call.
+            rows = await greenlet_spawn(
+                execute_autocommit, self.engine.sync_engine, step.stmt, step.params
+            )
+            return _fetch_rows(rows, step.fetch)
         if isinstance(step, Delete):
             return await self.redis.delete(*step.keys)
         if isinstance(step, Call):

@@ -35,7 +35,6 @@ import psycopg
 import redis
 import redis.asyncio as aredis
 import sqlalchemy
-from sqlalchemy import event
 from sqlalchemy.engine import make_url
 
 from memory_core import aclose_connections, asave_session_to_thread_safe
@@ -56,7 +55,9 @@ from memory_core.bench.aio_common import (
 from memory_core.bench.aio_ryw import ReadYourWrites, run_ryw
 from memory_core.bench.common import json_logs_to_devnull, machine, snapshot
 from memory_core.bench.core import KEY_PREFIX, UNFOLDED, WARM_TURNS, _Bench
+from memory_core.claim import finalize_statement
 from memory_core.conversation_memory import RedisConversationMemory
+from memory_core.fast_write import render
 from memory_core.working_copy import _WRITE
 
 THREADS = 50
@@ -176,25 +177,13 @@ class AsyncBench(_Bench):
             raise RuntimeError(f"bench async save did not take the fast path: {out}")
 
     async def _capture_async_sql(self, first: dict[str, Any]) -> None:
-        """Run one async save and keep the SQL it sent (psycopg's dialect adds casts to every
-        bound parameter); the parameters are the same as the sync statements'."""
-        captured: dict[str, str] = {}
-
-        def capture(*args: Any) -> None:  # (conn, cursor, statement, parameters, ...)
-            captured[args[2].split("(")[0].strip()] = args[2]
-
-        engine = get_async_engine(self.settings.database_url).sync_engine
-        event.listen(engine, "before_cursor_execute", capture)
-        try:
-            await self._asave(first)
-        finally:
-            event.remove(engine, "before_cursor_execute", capture)
-        try:
-            self.asave_sql = captured["WITH claim AS"]
-        except KeyError:
-            raise RuntimeError(
-                f"async save did not run the expected SQL: {list(captured)}"
-            ) from None
+        """Run one async save and keep the statement it sends as it sends it (psycopg's dialect
+        adds casts to every bound parameter); the parameters are the same as the sync one's."""
+        await self._asave(first)
+        dialect = get_async_engine(self.settings.database_url).sync_engine.dialect
+        self.asave_sql = render(finalize_statement(), dialect).sql
+        if not self.asave_sql.startswith("WITH claim AS"):
+            raise RuntimeError("async save did not render the expected SQL")
 
     async def warm_save_threads(self) -> dict[str, list[uuid.UUID]]:
         """50 threads per side, a few turns each (all four sides' clients warm), then no fold."""
