@@ -13,7 +13,18 @@ from functools import cache
 from typing import Any
 from typing import cast as cast_
 
-from sqlalchemy import Integer, Table, bindparam, case, cast, func, literal_column, select, true
+from sqlalchemy import (
+    Integer,
+    Table,
+    Text,
+    bindparam,
+    case,
+    cast,
+    func,
+    literal_column,
+    select,
+    true,
+)
 from sqlalchemy.dialects.postgresql import insert
 
 from memory_core.models import ConversationThread, ThreadMessage
@@ -108,10 +119,13 @@ def finalize_statement() -> Any:
     on `SESSION_CONSTRAINT` (no ON CONFLICT), so its claim is undone with it and no seq is
     lost; the caller then reads the stored turn. No row: the thread is someone else's. Binds
     `claim_params` and the turn's columns (thread_id, session_id, user_query, answer,
-    artifacts, response_payload, completed_at)."""
+    artifacts as JSON text, response_payload, completed_at)."""
     m = cast_table(ThreadMessage)
     claim = claim_statement().cte("claim")
     typed = {c: cast(bindparam(c, type_=m.c[c].type), m.c[c].type) for c in _TURN_COLUMNS}
+    # The artifacts come as the JSON text pydantic serialised them to (one C call), not as
+    # objects the driver's JSON processor would serialise again.
+    typed["artifacts"] = cast(bindparam("artifacts", type_=Text), m.c.artifacts.type)
     turn = (
         insert(m)
         .from_select(

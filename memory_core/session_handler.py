@@ -26,7 +26,7 @@ from typing import Any, Literal
 from pydantic import ValidationError
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
-from memory_core.artifacts import derive_artifacts
+from memory_core.artifacts import ARTIFACTS_ADAPTER, derive_artifacts
 from memory_core.claim import (
     SESSION_CONSTRAINT,
     SeqClaim,
@@ -268,7 +268,7 @@ def _write_turn(
                 "session_id": snap.session_id,
                 "user_query": snap.user_query,
                 "answer": snap.answer,
-                "artifacts": [a.model_dump(mode="json") for a in turn.artifacts],
+                "artifacts": ARTIFACTS_ADAPTER.dump_json(turn.artifacts).decode(),
                 "response_payload": snap.response_payload,
                 "completed_at": snap.completed_at,
             },
@@ -329,7 +329,7 @@ def _exchange(snap: TurnSnapshot, seq: int) -> Exchange:
         answer=snap.answer,
         artifacts=derive_artifacts(
             snap.sql,
-            [v.model_dump() for v in snap.visualizations],
+            [dict(v) for v in snap.visualizations],  # shallow: options are read, not copied
             [d.model_dump() for d in snap.dashboards],
         ),
         completed_at=snap.completed_at,

@@ -154,9 +154,10 @@ def test_render_binds_with_the_dialects_processors(counting_engine: Engine) -> N
 
     rendered = render(finalize_statement(), counting_engine.dialect)
     tid = uuid.uuid4()
-    bound = rendered.bind({"id": tid, "artifacts": [{"kind": "sql", "sql": "SELECT 1"}]})
+    bound = rendered.bind({"id": tid, "response_payload": {"rows": [1, 2]}, "artifacts": "[]"})
     assert bound["id"] in (tid, str(tid))  # as the dialect sends it (psycopg2 adapts UUIDs)
-    assert bound["artifacts"] == '[{"kind": "sql", "sql": "SELECT 1"}]'
+    assert bound["response_payload"] == '{"rows": [1, 2]}'  # the JSONB processor serialised it
+    assert bound["artifacts"] == "[]"  # JSON text already (pydantic's), cast in SQL
     # The statement's own literals (e.g. last_seq = 1 for a new thread) are bound too.
     assert all(v is not None for v in rendered.defaults.values())
     assert render(finalize_statement(), counting_engine.dialect) is rendered  # rendered once

@@ -30,6 +30,7 @@ import psycopg2
 import redis
 from sqlalchemy.engine import make_url
 
+from memory_core.artifacts import ARTIFACTS_ADAPTER
 from memory_core.bench.common import (
     BASE_TIME,
     LOAD_TURNS,
@@ -157,7 +158,7 @@ class _Bench:
                 "session_id": snap["session_id"],
                 "user_query": snap["user_query"],
                 "answer": snap["answer"],
-                "artifacts": [a.model_dump(mode="json") for a in turn.artifacts],
+                "artifacts": ARTIFACTS_ADAPTER.dump_json(turn.artifacts).decode(),
                 "response_payload": snap["response_payload"],
                 "completed_at": turn.completed_at,
             }
