@@ -270,7 +270,7 @@ def test_a_finalize_that_waited_on_the_delete_is_rejected_and_recreates_nothing(
         # ...and a finalize of the thread's next turn waits on the delete's row lock.
         finalizer = run("finalize", lambda: save(mem, tid, owner, 3))
         wait_for(
-            lambda: waiting_on_a_lock("INSERT INTO conversation_threads"),
+            lambda: waiting_on_a_lock("WITH claim AS"),  # the finalize's one statement
             10,
             "the finalize to wait on the delete",
         )
