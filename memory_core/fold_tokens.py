@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from sqlalchemy import false, func, select, update
 from sqlalchemy.orm import Session
@@ -33,12 +33,14 @@ if TYPE_CHECKING:
     from memory_core.conversation_memory import RedisConversationMemory
 
 __all__ = [
+    "TokenPlan",
     "correct_counter",
     "token_due",
     "token_fold_upto",
     "token_upto",
     "tokens_after_fold",
     "unfolded_sizes",
+    "unfolded_turns",
 ]
 
 
@@ -77,17 +79,45 @@ def token_fold_upto(sizes: Sequence[tuple[int, int]], trigger: int) -> int | Non
     return sizes[-keep - 1][0]
 
 
-def unfolded_sizes(
+class TokenPlan(NamedTuple):
+    """What the token trigger read under the lease: the turns a fold may cover, once.
+
+    `turns` (oldest first) and `sizes` are every unfolded turn as of the lease, or None when
+    nothing was read (trigger off, fewer than 2 unfolded turns). Turn rows never change once
+    stored, so the fold builds its prompt from these and its compare-and-set subtracts these
+    sizes, instead of reading the same rows twice more.
+    """
+
+    upto: int | None
+    turns: list[Exchange] | None = None
+    sizes: list[tuple[int, int]] | None = None
+
+    def covered(self, upto: int) -> tuple[list[Exchange], int | None] | None:
+        """The turns seq <= upto and the sum of their sizes; None when nothing was read."""
+        if self.turns is None or self.sizes is None:
+            return None
+        turns = [t for t in self.turns if t.seq <= upto]
+        return turns, sum(n for seq, n in self.sizes if seq <= upto)
+
+
+def unfolded_turns(
     session: Session, tid: uuid.UUID, after_seq: int, through_seq: int
-) -> list[tuple[int, int]]:
-    """(seq, turn_size) of the turns after_seq < seq <= through_seq, oldest first."""
+) -> list[Exchange]:
+    """The turns after_seq < seq <= through_seq, oldest first, as a fold reads them."""
     m = ThreadMessage
     stmt = (
         select(m.seq, m.session_id, m.user_query, m.answer, m.artifacts, m.completed_at)
         .where(m.thread_id == tid, m.seq > after_seq, m.seq <= through_seq)
         .order_by(m.seq)
     )
-    return [(row.seq, turn_size(Exchange.from_row(row))) for row in session.execute(stmt)]
+    return [Exchange.from_row(row) for row in session.execute(stmt)]
+
+
+def unfolded_sizes(
+    session: Session, tid: uuid.UUID, after_seq: int, through_seq: int
+) -> list[tuple[int, int]]:
+    """(seq, turn_size) of the turns after_seq < seq <= through_seq, oldest first."""
+    return [(t.seq, turn_size(t)) for t in unfolded_turns(session, tid, after_seq, through_seq)]
 
 
 def correct_counter(session: Session, tid: uuid.UUID, token: uuid.UUID, drift: int) -> None:
@@ -106,29 +136,40 @@ def correct_counter(session: Session, tid: uuid.UUID, token: uuid.UUID, drift: i
 
 def token_upto(
     memory: RedisConversationMemory, tid: uuid.UUID, token: uuid.UUID, lease: LeaseLike
-) -> int | None:
+) -> TokenPlan:
     """The token trigger's part of a fold's plan, under our lease: read the unfolded turns
-    (as of the lease), set the counter right by them, and return the highest seq a fold by
-    tokens covers (at most `max_unfolded_messages` turns), or None. Off, or fewer than 2
-    unfolded turns: None, and nothing is read."""
+    (as of the lease), set the counter right by them, and return them with the highest seq a
+    fold by tokens covers (at most `max_unfolded_messages` turns), or None. Off, or fewer than
+    2 unfolded turns: None, and nothing is read."""
     trigger = memory.fold_token_trigger
     if trigger <= 0 or lease.last_seq - lease.through < 2:
-        return None
+        return TokenPlan(None)
     with memory.session_factory() as session:
-        sizes = unfolded_sizes(session, tid, lease.through, lease.last_seq)
+        turns = unfolded_turns(session, tid, lease.through, lease.last_seq)
+        sizes = [(t.seq, turn_size(t)) for t in turns]
         exact = min(sum(n for _, n in sizes), UNFOLDED_TOKENS_CAP)  # as a claim would count
         correct_counter(session, tid, token, lease.unfolded_tokens - exact)
     upto = token_fold_upto(sizes, trigger)
-    return None if upto is None else min(upto, lease.through + memory.max_unfolded_messages)
+    if upto is not None:
+        upto = min(upto, lease.through + memory.max_unfolded_messages)
+    return TokenPlan(upto, turns, sizes)
 
 
 def tokens_after_fold(
-    session: Session, tid: uuid.UUID, through: int, upto: int, trigger: int
+    session: Session,
+    tid: uuid.UUID,
+    through: int,
+    upto: int,
+    trigger: int,
+    *,
+    folded: int | None = None,
 ) -> Any:
     """SQL: `unfolded_tokens` less the sizes of the folded turns (through < seq <= upto), as
-    the fold's compare-and-set leaves it; unchanged when the trigger is off."""
+    the fold's compare-and-set leaves it; unchanged when the trigger is off. `folded`: those
+    sizes' sum when the fold already has it (`TokenPlan.covered`); read from the rows if not."""
     t = ConversationThread
     if trigger <= 0:
         return t.unfolded_tokens
-    folded = sum(n for _, n in unfolded_sizes(session, tid, through, upto))
+    if folded is None:
+        folded = sum(n for _, n in unfolded_sizes(session, tid, through, upto))
     return func.greatest(t.unfolded_tokens - folded, 0)

@@ -156,25 +156,35 @@ class Folder:
         if isinstance(lease, str):
             return FoldOutcome(lease, str(tid))  # type: ignore[arg-type]
         upto = self._fold_upto(lease.through, lease.last_seq)  # the turn-count rule wins
-        by_tokens = token_upto(self.memory, tid, token, lease)  # also sets the counter right
-        upto = by_tokens if upto is None else upto
+        plan = token_upto(self.memory, tid, token, lease)  # also sets the counter right
+        upto = plan.upto if upto is None else upto
         if upto is None:
             with self.memory.session_factory() as session:
                 again = self._release(session, tid, token, clear_due=True)
             return FoldOutcome("noop", str(tid), through_seq=lease.through, more_pending=again)
         turns: list[Exchange] = []
         try:
-            with self.memory.session_factory() as session:
-                rows = ThreadMessage.between(session, tid, lease.through, upto)
-                turns = [Exchange.from_row(r) for r in rows]
-            return self._summarize_and_store(tid, token, lease, upto, turns)
+            covered = plan.covered(upto)  # the rows the token trigger read: not read again
+            if covered is None:
+                with self.memory.session_factory() as session:
+                    rows = ThreadMessage.between(session, tid, lease.through, upto)
+                    covered = [Exchange.from_row(r) for r in rows], None
+            turns, folded = covered
+            return self._summarize_and_store(tid, token, lease, upto, turns, folded=folded)
         except POSTGRES_DOWN:
             raise
         except Exception as exc:  # never a silent drop: a failed attempt, with its event
             return self._failed(tid, token, turns, exc)
 
     def _summarize_and_store(
-        self, tid: uuid.UUID, token: uuid.UUID, lease: _Lease, upto: int, turns: list[Exchange]
+        self,
+        tid: uuid.UUID,
+        token: uuid.UUID,
+        lease: _Lease,
+        upto: int,
+        turns: list[Exchange],
+        *,
+        folded: int | None,
     ) -> FoldOutcome:
         previous = strip_artifact_tail(lease.summary)
         fallback = None
@@ -206,6 +216,7 @@ class Folder:
                 upto=upto,
                 summary=new_summary,
                 prompt=result.prompt,
+                folded=folded,
             )
         if not won:
             return FoldOutcome("lost", str(tid), through_seq=lease.through)
@@ -321,10 +332,12 @@ class Folder:
         upto: int,
         summary: str,
         prompt: str,
+        folded: int | None = None,
     ) -> tuple[bool, bool]:
         """Store the summary if our lease still holds: (won, another fold is due now)."""
         t = ConversationThread
-        tokens = tokens_after_fold(session, tid, through, upto, self.memory.fold_token_trigger)
+        trigger = self.memory.fold_token_trigger
+        tokens = tokens_after_fold(session, tid, through, upto, trigger, folded=folded)
         stmt = (
             update(t)
             .where(t.id == tid, t.summary_through_seq == through, t.fold_lease_token == token)

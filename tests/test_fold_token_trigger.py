@@ -14,7 +14,7 @@ import pytest
 import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sqlalchemy import select, update
+from sqlalchemy import event, select, update
 
 from memory_core import RedisConversationMemory, aclose_connections, save_session_to_thread_safe
 from memory_core.artifacts import derive_artifacts
@@ -381,3 +381,30 @@ def test_the_setting_its_default_and_the_constructor_override(redis_client: redi
     assert off.fold_token_trigger == 0 and "fold_token_trigger=0" in fingerprint(off)
     with pytest.raises(ValueError, match="fold_token_trigger"):
         RedisConversationMemory(redis_client, settings=s, fold_token_trigger=-5)
+
+
+@pytest.mark.parametrize("trigger", [T, 0])
+def test_a_fold_reads_the_turns_it_folds_once(redis_client: redis.Redis, trigger: int) -> None:
+    """The token trigger's read of the unfolded turns is the fold's: its prompt is built and
+    its compare-and-set subtracts their sizes from what was read once (the turn rows never
+    change), not from two more reads of the same rows. Off, the fold reads them once too."""
+    memory = _memory(redis_client, trigger=trigger, threshold=4, recent=2)
+    folder = _folder(memory)
+    tid = uuid.uuid4()
+    for n in range(1, 6):
+        _save(memory, _turn(tid, n, T // 4))
+    reads: list[str] = []
+
+    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if "FROM thread_messages" in statement:
+            reads.append(statement)
+
+    event.listen(memory.engine, "before_cursor_execute", count)
+    try:
+        out = folder.fold(tid)
+    finally:
+        event.remove(memory.engine, "before_cursor_execute", count)
+    assert (out.status, out.through_seq, out.folded) == ("folded", 3, 3)
+    assert len(reads) == 1, reads
+    assert _row(tid).unfolded_tokens == (2 * (T // 4) if trigger else 0)
+    assert _row(tid).unfolded_tokens == (_unfolded_sum(tid) if trigger else 0)
