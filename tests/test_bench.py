@@ -6,13 +6,26 @@ No timing assertions: the figures depend on the machine; docs/BENCHMARKS.md hold
 from __future__ import annotations
 
 import math
+import uuid
 from pathlib import Path
 
+from memory_core.artifacts import DashboardArtifact, SqlArtifact, VisualizationArtifact
+from memory_core.bench.common import exchange, snapshot
 from memory_core.bench.core import COMMAND, bench_core
+from memory_core.bench.floor import materialize
 from memory_core.bench.guest import bench_access, bench_rss
+from memory_core.context import ConversationContext
 from memory_core.settings import get_settings
 
-FIGURES = ("save", "get_context", "get_context_cold", "rehydrate", "render_warm", "render_cold")
+FIGURES = (
+    "save",
+    "get_context",
+    "get_context_cold",
+    "get_context_floor",
+    "rehydrate",
+    "render_warm",
+    "render_cold",
+)
 MEASURES = ("p50_us", "p99_us", "raw_p50_us", "raw_p99_us", "ratio", "ratio_p99")
 
 
@@ -31,7 +44,36 @@ def test_bench_core_reports_every_figure_as_a_positive_number() -> None:
         assert isinstance(value, float) and math.isfinite(value) and value > 0, (key, value)
     assert lines[0] == f"$ {COMMAND}"
     verdicts = [line for line in lines if line.endswith(("| PASS |", "| MISS |"))]
-    assert len(verdicts) == len(FIGURES)
+    assert len(verdicts) == len(FIGURES) - 1
+    bounds = [line for line in lines if line.endswith(("(PASS) |", "(MISS) |"))]
+    assert len(bounds) == 1 and bounds[0].startswith("| lower bound: plain GET")
+
+
+def test_the_floor_builds_the_very_context_validation_builds() -> None:
+    """The lower bound is only a bound if it builds the same objects: equal, of the same
+    types, every artifact kind and every UUID / datetime field included."""
+    snap = {**snapshot(uuid.uuid4(), 7, "owner"), "sql": ["SELECT 1", "SELECT\n 2"]}
+    turns = [exchange({**snap, "session_id": str(uuid.uuid4())}, n) for n in (1, 2)]
+    ctx = ConversationContext(
+        thread_id=uuid.uuid4(),
+        summary="so far",
+        summary_through_seq=3,
+        recent=turns,
+        missing_session_ids=[uuid.uuid4()],
+    )
+    built = materialize(ctx.model_dump_json().encode())
+    assert built == ctx
+    assert (
+        {type(a) for a in built.recent[0].artifacts}
+        == {type(a) for a in ctx.recent[0].artifacts}
+        == {SqlArtifact, VisualizationArtifact, DashboardArtifact}
+    )
+    assert isinstance(built.recent[1].session_id, uuid.UUID)
+    assert built.recent[1].completed_at == ctx.recent[1].completed_at
+    assert isinstance(built.missing_session_ids[0], uuid.UUID)
+    assert materialize(ConversationContext(thread_id=ctx.thread_id).model_dump_json().encode()) == (
+        ConversationContext(thread_id=ctx.thread_id)
+    )
 
 
 def test_bench_access_reports_both_copies_with_a_finite_ratio() -> None:

@@ -60,6 +60,8 @@ class Pair:
     goal: float
     core: list[int]
     raw: list[int]
+    # A lower bound, not a figure of ours: its ratio shows what the goal leaves to our code.
+    bound: bool = False
 
     def figures(self) -> dict[str, float]:
         p50, p99 = pct(self.core, 0.50), pct(self.core, 0.99)
@@ -168,6 +170,7 @@ def format_table(pairs: list[Pair], header: list[str]) -> list[str]:
     for p in pairs:
         f = {k.split(".", 1)[1]: v for k, v in p.figures().items()}
         verdict = "PASS" if f["ratio"] <= p.goal else "MISS"
+        verdict = f"lower bound ({verdict})" if p.bound else verdict
         lines.append(
             f"| {p.label} | {f['p50_us']:,.1f} | {f['p99_us']:,.1f} | {p.raw_label} "
             f"| {f['raw_p50_us']:,.1f} | {f['raw_p99_us']:,.1f} | {f['ratio']:.2f}x "

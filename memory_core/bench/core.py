@@ -42,6 +42,7 @@ from memory_core.bench.common import (
     paired,
     snapshot,
 )
+from memory_core.bench.floor import materialize
 from memory_core.claim import claim_params, finalize_statement
 from memory_core.context import ConversationContext
 from memory_core.conversation_memory import RedisConversationMemory
@@ -268,6 +269,27 @@ class _Bench:
         raw = f"plain GET of the same {len(payload):,} bytes"
         return Pair("get_context" if parsed_cache else "get_context_cold", label, raw, 2.0, *times)
 
+    def floor(self, tid: uuid.UUID) -> Pair:
+        """A plain GET plus building the context's objects from its JSON without validation
+        (bench/floor.py): the least any first read can cost, beside the same GET."""
+        ctx = self.memory.get_context(tid, self.owner)
+        doc = ctx.model_dump_json().encode()
+        if materialize(doc) != ctx:
+            raise RuntimeError("the floor did not build the context get_context returns")
+        get = self.plain.get
+
+        def bound(_: int) -> ConversationContext:
+            payload = get(self.scratch)
+            if payload is None:
+                raise RuntimeError("the floor's GET found nothing")
+            return materialize(doc)
+
+        times = paired(self.n, self.warmup, bound, lambda _: get(self.scratch))
+        label = f"lower bound: plain GET + the same {UNFOLDED}-turn context built unvalidated"
+        return Pair(
+            "get_context_floor", label, "plain GET of the same bytes", 2.0, *times, bound=True
+        )
+
     # -- 4. rendering --------------------------------------------------------------------
 
     def render(self) -> tuple[Pair, Pair]:
@@ -323,11 +345,12 @@ def bench_core(
             rehydrate, short_thread = bench.rehydrate()
             hit = bench.get_context(short_thread)
             hit_cold = bench.get_context(short_thread, parsed_cache=False)
+            floor = bench.floor(short_thread)
             warm, cold = bench.render()
         versions = bench.versions()
     finally:
         bench.close()
-    pairs = [save, hit, hit_cold, rehydrate, warm, cold]
+    pairs = [save, hit, hit_cold, floor, rehydrate, warm, cold]
     results: dict[str, float] = {}
     for p in pairs:
         results.update(p.figures())
