@@ -12,6 +12,7 @@ import struct
 import sys
 import zlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -191,3 +192,33 @@ def test_bench_core_plots_folder_resolution(
     result = CliRunner().invoke(app, ["bench", "core", "--iterations", "7", *args])
     assert result.exit_code == 0, result.output
     assert seen["iterations"] == 7 and seen["plots_dir"] == expected
+
+
+def test_a_lower_bound_is_labelled_as_one_not_as_the_product_call() -> None:
+    """A bound row (bench core's first-read floor) is not a figure of ours: its plot must not
+    call its side the product call, in the legend, the ECDF labels or the verdict line."""
+    from memory_core.bench.plots import _overview_figure, _pair_figure
+
+    product = _pairs()[1]
+    bound = Pair(
+        "get_context_floor",
+        "lower bound",
+        product.raw_label,
+        2.0,
+        product.core,
+        product.raw,
+        bound=True,
+    )
+
+    def texts(fig: Any) -> str:
+        found = [t.get_text() for t in fig.findobj(match=lambda o: hasattr(o, "get_text"))]
+        return "\n".join(found)
+
+    drawn = texts(_pair_figure(bound, "note"))
+    assert "lower bound (not a product call)" in drawn
+    assert "core (the product call)" not in drawn
+    assert "bound p50" in drawn and "core p50" not in drawn
+    assert "lower bound: ratio p50" in drawn
+    assert "core (the product call)" in texts(_pair_figure(product, "note"))
+    overview = texts(_overview_figure([product, bound], "note"))
+    assert "bound p50" in overview and "core p50" in overview
