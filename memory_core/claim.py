@@ -156,11 +156,17 @@ def cast_table(model: Any) -> Table:
 
 @cache
 def stored_turn_statement() -> Any:
-    """A redelivered turn as stored (session `sid`), with its thread's summary cursor."""
+    """A redelivered turn as stored (session `sid`), with its thread's summary cursor and
+    whether a fold is due that nobody holds (`fold_unclaimed`): the first delivery may have
+    died between its COMMIT and its publish, so the redelivery publishes it (a second
+    message for a fold already queued is harmless: the later one finds it done)."""
     m, t = cast_table(ThreadMessage), cast_table(ConversationThread)
     cols = ("thread_id", "seq", "session_id", "user_query", "answer", "artifacts", "completed_at")
+    unleased = t.c.fold_lease_until.is_(None) | (t.c.fold_lease_until < func.now())
+    # A failed fold's retry is due later (its backoff) and carried by Celery: not unclaimed.
+    unclaimed = (t.c.fold_due_at <= func.now()) & unleased
     return (
-        select(*(m.c[c] for c in cols), t.c.summary_through_seq)
+        select(*(m.c[c] for c in cols), t.c.summary_through_seq, unclaimed.label("fold_unclaimed"))
         .join_from(m, t, m.c.thread_id == t.c.id)
         .where(m.c.session_id == bindparam("sid", type_=m.c.session_id.type))
     )

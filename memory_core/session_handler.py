@@ -11,8 +11,9 @@ Order of effects (durability first, docs/RELIABILITY.md):
 It never raises: every outcome is a `SaveOutcome`. Before the COMMIT a failure is `failed`
 (retryable, nothing written) or `rejected` (bad input, never retryable); after it, whatever
 Redis or the broker do, the outcome is `saved` or `duplicate`. A redelivered turn
-(`duplicate`) still makes sure the working copy holds it, since the first delivery may have
-died between its COMMIT and its cache write. Reasons and log records carry ids and error
+(`duplicate`) still makes sure the working copy holds it and publishes a fold its thread has
+due that nobody holds, since the first delivery may have died between its COMMIT and its cache
+write or its publish. Reasons and log records carry ids and error
 classes, never snapshot content.
 """
 
@@ -300,12 +301,16 @@ def _constraint(orig: object) -> str | None:
 def _duplicate(
     snap: TurnSnapshot, stored: tuple[Any, int], memory: RedisConversationMemory
 ) -> Steps[SaveOutcome]:
-    """An already-stored turn: make sure the copy holds it (its first delivery may have died
-    between COMMIT and the cache write), from what is stored, never from the redelivery."""
+    """An already-stored turn: make sure the copy holds it and that a fold its thread has due
+    is published (its first delivery may have died between COMMIT and the cache write or the
+    publish), from what is stored, never from the redelivery."""
     row, through = stored
     tid, sid = str(snap.thread_id), str(snap.session_id)
     cache = yield from memory.record_turn_steps(
         snap.owner_id, snap.thread_id, through, Exchange.from_row(row)
+    )
+    published = bool(row.fold_unclaimed) and (
+        yield Call(publish_fold, (snap.thread_id, memory.settings.celery_broker_url))
     )
     FINALIZE.labels("duplicate").inc()
     log.info(
@@ -314,9 +319,16 @@ def _duplicate(
         session_id=sid,
         seq=row.seq,
         cache=cache,
+        fold_published=published,
     )
     return SaveOutcome(
-        "duplicate", tid, sid, seq=row.seq, reason=f"session {sid} already saved", cache=cache
+        "duplicate",
+        tid,
+        sid,
+        seq=row.seq,
+        reason=f"session {sid} already saved",
+        cache=cache,
+        fold_published=published,
     )
 
 

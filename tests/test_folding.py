@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -406,6 +406,58 @@ def test_a_lost_retry_is_republished_by_a_later_finalize_once(
     assert not save_session_to_thread_safe(make_snapshot(tid, 24), memory=memory).fold_published
 
 
+def test_a_redelivery_publishes_the_fold_its_first_delivery_did_not(
+    redis_client: redis.Redis, llm: FakeLLMServer
+) -> None:
+    """Turn 21 requests the first fold, but its publish never happens (here: the broker is
+    unreachable; in a worker: the process killed between COMMIT and publish) and the thread
+    goes quiet. No later turn comes to republish it; the turn's redelivery does."""
+    s = _settings(llm)
+    memory = _memory(redis_client, s)
+    tid = uuid.uuid4()
+    for n in range(1, 21):
+        save_session_to_thread_safe(make_snapshot(tid, n), memory=memory)
+    cut_off = _memory(redis_client, _settings(llm, celery_broker_url="redis://127.0.0.1:1/0"))
+    snap = make_snapshot(tid, 21)
+    first = save_session_to_thread_safe(snap, memory=cut_off)
+    assert (first.status, first.fold_published) == ("saved", False)
+    assert _thread_row(tid).fold_due_at is not None  # requested, with no message anywhere
+    again = save_session_to_thread_safe(snap, memory=memory)
+    assert (again.status, again.seq, again.fold_published) == ("duplicate", 21, True)
+    # Once the fold ran, a further redelivery publishes nothing: no fold is due.
+    assert Folder(memory, ConversationSummarizer(s)).fold(tid).status == "folded"
+    assert not save_session_to_thread_safe(snap, memory=memory).fold_published
+    # Nor while a fold holds its lease, nor while a failed fold waits for its retry.
+    for n in range(22, 32):
+        save_session_to_thread_safe(make_snapshot(tid, n), memory=memory)
+    snap = make_snapshot(tid, 32)
+    assert save_session_to_thread_safe(snap, memory=memory).fold_published  # the second fold
+    with session_scope() as sess:
+        lease = datetime.now(UTC) + timedelta(seconds=60)
+        sess.execute(
+            update(ConversationThread)
+            .where(ConversationThread.id == tid)
+            .values(fold_lease_until=lease, fold_lease_token=uuid.uuid4())
+        )
+    assert not save_session_to_thread_safe(snap, memory=memory).fold_published
+    with session_scope() as sess:
+        retry_at = datetime.now(UTC) + timedelta(seconds=60)
+        sess.execute(
+            update(ConversationThread)
+            .where(ConversationThread.id == tid)
+            .values(fold_lease_until=None, fold_lease_token=None, fold_due_at=retry_at)
+        )
+    assert not save_session_to_thread_safe(snap, memory=memory).fold_published
+    # The same row with the lease gone and the fold due: the redelivery publishes it.
+    with session_scope() as sess:
+        sess.execute(
+            update(ConversationThread)
+            .where(ConversationThread.id == tid)
+            .values(fold_due_at=datetime.now(UTC))
+        )
+    assert save_session_to_thread_safe(snap, memory=memory).fold_published
+
+
 def test_an_error_no_retry_can_fix_falls_back_to_the_llm_free_fold_at_once(
     redis_client: redis.Redis, llm: FakeLLMServer
 ) -> None:
@@ -445,7 +497,9 @@ def test_a_retryable_error_falls_back_after_the_attempts_run_out(
     )
     assert llm.calls == 3
     llm.set_mode("ok")  # the next fold asks the LLM again
-    for n in range(22, 33):
+    for n in range(22, 32):
         save_session_to_thread_safe(make_snapshot(tid, n), memory=memory)
+    snap = make_snapshot(tid, 32)
+    assert save_session_to_thread_safe(snap, memory=memory).fold_published  # the second fold
     again = folder.fold(tid)
     assert (again.status, again.prompt, again.fallback) == ("folded", "builtin:v2", None)
