@@ -178,27 +178,41 @@ def _record_postgres(
 REDIS_ENV = {"MEMORY_VISIBILITY_TIMEOUT_S": "10", "MEMORY_UNACKED_RESTORE_INTERVAL_S": "1"}
 
 
+def _fold_in_flight(llm: FakeLLMServer, w: WorkerProcess) -> None:
+    """Hold the next fold's LLM call for 2 s and return once it has arrived: the worker then
+    holds that fold's message (acks late) whatever the pace of the finalize jobs, which a
+    fast worker may have all done at any given instant."""
+    llm.delay_s = 2.0
+    llm.set_mode("timeout")
+    calls = llm.calls
+    wait_for(lambda: llm.calls > calls, 30, "a fold in flight", w.log, 0.02)
+
+
 def _restart_redis(
     stack: Stack,
     w: WorkerProcess,
+    llm: FakeLLMServer,
     events_stream: str,
     *,
     how: signal.Signals,
     down_s: float,
     meanwhile: Callable[[], None],
 ) -> tuple[float, float, int]:
-    """Stop Redis with `how`, run `meanwhile`, start it again `down_s` after the stop. Returns
-    how long it was down, how long until every job at risk had landed (both from the stop),
-    and how many jobs were at risk. Checks an event emitted before the stop survived."""
+    """Stop Redis with `how` while a fold is in flight, run `meanwhile`, start it again
+    `down_s` after the stop. Returns how long it was down, how long until every job at risk
+    had landed (both from the stop), and how many jobs were at risk. Checks an event emitted
+    before the stop survived."""
     client = stack.client()
     marker = emit_event(client, "reliability_probe", stream=events_stream)
     assert marker is not None  # Redis is up here: the probe is written
+    _fold_in_flight(llm, w)
     # Jobs queued or held by the worker at the fault: they must survive it (AOF).
     at_risk = held_finalize_jobs(client) | queued_finalize_jobs(client)
     at_risk -= landed(at_risk)
     client.close()
     t0 = time.monotonic()
     stack.redis.stop(how)
+    llm.set_mode("ok")
     meanwhile()
     time.sleep(max(0.0, down_s - (time.monotonic() - t0)))
     stack.redis.start()
@@ -243,7 +257,7 @@ def test_redis_cache_and_broker_restarted_with_aof(
         assert (last.status, last.cache) == ("saved", "unavailable"), last
 
     faults = [
-        _restart_redis(stack, w, events_stream, how=how, down_s=s, meanwhile=partial(save, n))
+        _restart_redis(stack, w, llm, events_stream, how=how, down_s=s, meanwhile=partial(save, n))
         for how, s, n in ((signal.SIGKILL, 5.0, 3), (signal.SIGTERM, 3.0, 4))
     ]
     at_risk = sum(f[2] for f in faults)
