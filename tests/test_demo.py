@@ -83,3 +83,35 @@ def test_demo_end_to_end(tmp_path: Path, broker: str) -> None:
     assert "agent-memory threads --owner demo-analyst" in out
     assert "agent-memory events tail" in out
     assert not list((tmp_path / ".agent-memory" / "demo").glob("worker-*.log"))
+
+
+_UNCLEAN_WORKER = """
+import signal, sys, time
+def term(*_):
+    print("stuck closing the broker connection", flush=True)
+    sys.exit(3)
+signal.signal(signal.SIGTERM, term)
+print("celery@demo ready.", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_worker_that_does_not_stop_cleanly_fails_the_demo_and_shows_its_log(
+    tmp_path: Path,
+) -> None:
+    from io import StringIO
+
+    from rich.console import Console
+
+    from memory_core.cli.demo import Demo
+    from memory_core.devservices.workers import WorkerProcess
+
+    out = StringIO()
+    demo = Demo(Console(file=out, width=200), tmp_path)
+    worker = WorkerProcess(tmp_path, name="demo-x-1", argv=[sys.executable, "-c", _UNCLEAN_WORKER])
+    demo.workers.append(worker.start())
+    errors = demo.stop()
+    assert errors == [f"worker demo-x-1 exited with code 3: {worker.log_path}"]
+    assert "stopped worker demo-x-1 (exit code 3)" in out.getvalue()
+    assert "stuck closing the broker connection" in out.getvalue()
+    assert worker.log_path.exists()

@@ -55,6 +55,7 @@ BUDGET = 1000  # tokens per node view
 # MEMORY_SUMMARY_MAX_TOKENS wins.
 DEMO_BOUND = "400"
 BROKER_DB = 2  # dedicated broker db, unless CELERY_BROKER_URL is set explicitly
+WORKER_LOG_TAIL = 30  # lines of a worker's log shown when it did not stop cleanly
 LLM_FREE = (
     "summaries: LLM-free deterministic fold (set OPENAI_BASE_URL/OPENAI_API_KEY to use an LLM)"
 )
@@ -332,6 +333,9 @@ class Demo:
                 errors.append(f"stopping {what}: {_first_line(exc)}")
         for w in self.workers:
             self.out.print(f"stopped worker {w.name} (exit code {w.exit_code})")
+            if w.exit_code != 0:  # an unclean stop fails the demo and shows why (log kept)
+                errors.append(f"worker {w.name} exited with code {w.exit_code}: {w.log_path}")
+                self.out.print(Text("\n".join(w.log().splitlines()[-WORKER_LOG_TAIL:])))
         if self.services is not None and self.services.started:
             self.out.print("stopped the private PostgreSQL/Redis this demo started")
         return errors
