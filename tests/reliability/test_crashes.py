@@ -31,7 +31,7 @@ from collections.abc import Callable
 import pytest
 from sqlalchemy import select
 
-from memory_core import RedisConversationMemory
+from memory_core import ConversationContext, RedisConversationMemory
 from memory_core.db import session_scope
 from memory_core.devservices.fake_llm import FakeLLMServer
 from memory_core.devservices.poll import wait_for
@@ -161,6 +161,9 @@ def test_two_thousand_jobs_through_kill_9_and_sigterm(
             0.5,
         )
         settle_s = time.monotonic() - settling
+        # The last fold refreshes its thread's copy a moment after the commit this saw (by
+        # design: until then the copy serves the older summary with every later turn).
+        time.sleep(1.0)
     finally:
         load.stop()
 
@@ -277,7 +280,10 @@ def _check_coverage(tids: list[uuid.UUID], llm: FakeLLMServer) -> None:
     for k, tid in enumerate(tids):
         ctx = memory.get_context(tid, "user-42")
         memory.invalidate(tid)
-        assert memory.get_context(tid, "user-42") == ctx, "working copy differs from Postgres"
+        rebuilt = memory.get_context(tid, "user-42")
+        assert rebuilt == ctx, f"thread {k}: working copy differs from Postgres\n" + _differ(
+            ctx, rebuilt, tid
+        )
         through = heads[tid].summary_through_seq
         last = heads[tid].last_seq
         assert through >= last - 20 and ctx.summary
@@ -285,3 +291,20 @@ def _check_coverage(tids: list[uuid.UUID], llm: FakeLLMServer) -> None:
         folded = {int(q.rsplit(" ", 1)[1].rstrip(")")) for q in _queries_through(tid, through)}
         missing = folded - seen.get(k, set())
         assert not missing, f"thread {k}: turns {sorted(missing)} folded but never summarized"
+
+
+def _differ(cached: ConversationContext, rebuilt: ConversationContext, tid: uuid.UUID) -> str:
+    """What a copy that differs from Postgres holds, beside the rebuilt one and the row."""
+
+    def brief(c: ConversationContext) -> str:
+        fields = {k: v for k, v in c.model_dump().items() if k not in ("summary", "recent")}
+        seqs = [e.seq for e in c.recent]
+        return f"through {c.summary_through_seq}, recent {seqs}, other fields {fields}"
+
+    same = [e.seq for e, f in zip(cached.recent, rebuilt.recent, strict=False) if e != f]
+    row = thread_rows([tid])[tid]
+    return (
+        f"copy:    {brief(cached)}\nrebuilt: {brief(rebuilt)}\n"
+        f"summary equal: {cached.summary == rebuilt.summary}; turns that differ: {same}\n"
+        f"row: last {row.last_seq}, through {row.summary_through_seq}, due {row.fold_due_at}"
+    )
