@@ -33,6 +33,7 @@ from tests.support.state import (
     held_finalize_jobs,
     landed,
     queued_finalize_jobs,
+    settle_folds,
     stale_copies,
 )
 from tests.support.tally import Tally, assert_gapless
@@ -98,7 +99,7 @@ def test_postgres_stopped_for_10_s_under_load(
     agents.stop()
     sent = {**load.tally.sent, **agents.tally.sent}
     wait_for(lambda: not set(sent) - landed(sent), 60, "every turn", w.log, 0.25)
-    wait_for(lambda: folds_caught_up(every), 60, "folds to catch up", w.log, 0.25)
+    settle_folds(every, 60, w.log)
     lost, duplicated, rows = Tally(sent).check()
     assert (lost, duplicated) == (0, 0)
     assert_gapless(rows)

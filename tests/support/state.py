@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import redis
@@ -13,6 +14,7 @@ from sqlalchemy import func, select
 
 from memory_core.conversation_memory import RedisConversationMemory
 from memory_core.db import session_scope
+from memory_core.devservices.poll import wait_for
 from memory_core.events import Event, EventConsumer
 from memory_core.fold_publisher import FINALIZE_QUEUE, FINALIZE_TASK
 from memory_core.models import ConversationThread, ThreadMessage
@@ -83,6 +85,15 @@ def thread_rows(tids: Iterable[uuid.UUID]) -> dict[uuid.UUID, ConversationThread
 def folds_caught_up(tids: Iterable[uuid.UUID], threshold: int = 20) -> bool:
     """No thread keeps more than `threshold` turns unfolded."""
     return all(t.last_seq - t.summary_through_seq <= threshold for t in thread_rows(tids).values())
+
+
+def settle_folds(tids: Iterable[uuid.UUID], timeout_s: float, log: Callable[[], str]) -> None:
+    """Wait until `folds_caught_up`, then a moment more: a fold refreshes its thread's copy
+    just after the commit that check sees, and a copy compared with Postgres in between
+    differs (by design: it serves the older summary with every later turn until then)."""
+    tids = list(tids)
+    wait_for(lambda: folds_caught_up(tids), timeout_s, "folds to catch up", log, 0.25)
+    time.sleep(1.0)
 
 
 def folds_behind(tids: Iterable[uuid.UUID], threshold: int = 20) -> str:
