@@ -225,6 +225,11 @@ class Demo:
             return next((e for e in hits if e.thread_id == str(tid)), None)
 
         event = self.wait("the memory_summarization_failed event", failed, 60)
+        # The task emits the event, then publishes its retry. The workers stop with no soft
+        # shutdown: a stop in the middle of that publish left the child waiting for the
+        # broker's answer (RabbitMQ) until it was killed. Stop once the retry is queued.
+        worker = self.workers[-1]
+        self.wait("the fold's retry to be queued", partial(_retry_logged, worker), 30)
         out.print(f"read through consumer group {group}:")
         out.print(Text(format_event(event)), soft_wrap=True)
         retry = "?" if event.retry_in_s is None else f"{event.retry_in_s:g}"
@@ -369,6 +374,14 @@ class Demo:
         )
         if not private:
             out.print(f"  (database {_safe(s.database_url)}, Redis {_safe(s.redis_url)})")
+
+
+def _retry_logged(worker: WorkerProcess) -> bool:
+    """Whether the worker logged a fold's retry as sent (Celery's "Task ...[id] retry:")."""
+    return any(
+        "Task memory.fold_thread[" in line and "] retry: " in line
+        for line in worker.log().splitlines()
+    )
 
 
 def run_demo(data_dir: Path | None = None) -> int:
