@@ -246,14 +246,33 @@ def entries(r: redis.Redis, stream: str) -> list[Entry]:
     return sorted(out, key=lambda e: e.id)
 
 
-def after_the_delete(r: redis.Redis, stream: str, tid: uuid.UUID, owner: str) -> list[Entry]:
+def stream_mark(r: redis.Redis, stream: str) -> tuple[int, int]:
+    """The id of the last entry of the stream and its routine stream so far ((0, 0): none)."""
+    return max((e.id for e in entries(r, stream)), default=(0, 0))
+
+
+def after_the_delete(
+    r: redis.Redis,
+    stream: str,
+    tid: uuid.UUID,
+    owner: str,
+    *,
+    since: tuple[int, int] | None = None,
+) -> list[Entry]:
     """The events after the thread's one `memory_thread_deleted`, checked to name neither the
-    thread nor its owner; returned for the test's own checks."""
+    thread nor its owner; returned for the test's own checks.
+
+    With `since` (a `stream_mark` taken before the delete began): every event after the mark
+    but the deletion itself. A worker's finalize queued behind the delete on the row wakes at
+    the delete's COMMIT and may emit its refusal before the deleting process, back from that
+    COMMIT, appends `memory_thread_deleted`: Redis's order between the two is not the
+    product's to keep, so such a test counts from the mark."""
     every = entries(r, stream)
     deleted = [e for e in every if e.event == MEMORY_THREAD_DELETED]
     assert [e.fields["thread_id"] for e in deleted] == [str(tid)], deleted
     assert deleted[0].fields["reason"] == "delete"
-    later = [e for e in every if e.id > deleted[0].id]
+    start = deleted[0].id if since is None else since
+    later = [e for e in every if e.id > start and e is not deleted[0]]
     for e in [*later, deleted[0]]:
         assert owner not in str(e.fields.values()), e  # owner ids never reach events
     for e in later:
@@ -388,6 +407,7 @@ def test_finalize_jobs_on_a_worker_queued_behind_the_delete_leave_nothing(
     wait_for(lambda: stored_seqs(tid) == [1, 2, 3, 4, 5, 6], 30, "turns 3-6 landing", w.log)
 
     during = snaps[6:18] + snaps[:6]
+    mark = stream_mark(redis_client, events_stream)
     assert row_lock.hold(tid)
     with ThreadPoolExecutor(1) as pool:
         try:
@@ -422,12 +442,15 @@ def test_finalize_jobs_on_a_worker_queued_behind_the_delete_leave_nothing(
     # The core logs a refusal before the task emits its event: wait for the last event.
     rejected_events = jobs - 4
     wait_for(
-        lambda: len(after_the_delete(redis_client, events_stream, tid, OWNER)) >= rejected_events,
+        lambda: (
+            len(after_the_delete(redis_client, events_stream, tid, OWNER, since=mark))
+            >= rejected_events
+        ),
         30,
         "every refusal's event",
         w.log,
     )
-    later = after_the_delete(redis_client, events_stream, tid, OWNER)
+    later = after_the_delete(redis_client, events_stream, tid, OWNER, since=mark)
     assert [e.event for e in later] == [MEMORY_FINALIZE_REJECTED] * rejected_events
     for e in later:  # nothing said about the thread: no thread id, no session id
         assert (e.fields["thread_id"], e.fields["session_id"]) == ("", "")
