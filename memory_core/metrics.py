@@ -75,7 +75,12 @@ JOBS_DEAD_LETTERED = Counter(
 FOLD_PUBLISH_FAILURES = Counter(
     "memory_fold_publish_failures_total",
     "Fold jobs that could not be published (broker down or refusing); the thread row keeps the "
-    "fold due and a later turn republishes it after the grace",
+    "fold due; a later turn or the memory.sweep_folds beat task republishes it after the grace",
+)
+FOLDS_REPUBLISHED = Counter(
+    "memory_folds_republished_total",
+    "Lost fold requests (due longer than the republish grace, no fold running) that the "
+    "memory.sweep_folds beat task published again",
 )
 FOLD_FALLBACKS = Counter(
     "memory_fold_fallbacks_total",

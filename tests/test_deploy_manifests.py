@@ -46,7 +46,13 @@ from tornado import httpclient
 
 from memory_core import cli
 from memory_core.fold_publisher import WORKER_APP
-from memory_core.queues import FOLD_QUEUE, FORGET_OWNER_TASK, PURGE_TRACES_TASK, RETENTION_TASK
+from memory_core.queues import (
+    FOLD_QUEUE,
+    FORGET_OWNER_TASK,
+    PURGE_TRACES_TASK,
+    RETENTION_TASK,
+    SWEEP_FOLDS_TASK,
+)
 from memory_core.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -77,7 +83,7 @@ NOT_SETTINGS = {
 # Environment the workers have and beat deliberately does not: beat has no soft shutdown.
 WORKER_ONLY_ENV = {"REMAP_SIGTERM"}
 # The tasks beat sends, and the queue they ride (served by the fold workers).
-BEAT_TASKS = {RETENTION_TASK, PURGE_TRACES_TASK}
+BEAT_TASKS = {RETENTION_TASK, PURGE_TRACES_TASK, SWEEP_FOLDS_TASK}
 LIFECYCLE_QUEUE = FOLD_QUEUE
 CONTAINER_TMP = PurePosixPath("/tmp")  # noqa: S108 - inside the container, writable for its user
 # Credentials (or URLs that carry them): the Secret, never the ConfigMap.

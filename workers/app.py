@@ -42,6 +42,7 @@ from memory_core.queues import (
     FORGET_OWNER_TASK,
     PURGE_TRACES_TASK,
     RETENTION_TASK,
+    SWEEP_FOLDS_TASK,
     dead_letter_queue,
     is_amqp,
     task_queues,
@@ -145,7 +146,9 @@ def transport_options(broker_url: str) -> dict[str, Any]:
     }
 
 
-LIFECYCLE_TASKS = (FORGET_OWNER_TASK, RETENTION_TASK, PURGE_TRACES_TASK)
+LIFECYCLE_TASKS = (FORGET_OWNER_TASK, RETENTION_TASK, PURGE_TRACES_TASK, SWEEP_FOLDS_TASK)
+# How often beat sends `memory.sweep_folds`; a lost fold waits the republish grace plus this.
+FOLD_SWEEP_EVERY_S = 60.0
 
 
 def make_app() -> Celery:
@@ -184,6 +187,11 @@ def make_app() -> Celery:
                 "task": PURGE_TRACES_TASK,
                 "schedule": 300.0,
                 "options": {"expires": 300},
+            },
+            "memory-fold-sweep": {
+                "task": SWEEP_FOLDS_TASK,
+                "schedule": FOLD_SWEEP_EVERY_S,
+                "options": {"expires": FOLD_SWEEP_EVERY_S},
             },
         },
         result_expires=None,  # no results are kept: no daily celery.backend_cleanup either

@@ -1,4 +1,5 @@
-"""Lifecycle tasks: `memory.forget_owner`, `memory.apply_retention`, `memory.purge_traces`.
+"""Lifecycle tasks: `memory.forget_owner`, `memory.apply_retention`, `memory.purge_traces`,
+`memory.sweep_folds`.
 
 Thin shells over memory_core/lifecycle.py, on the fold queue. Each is idempotent and commits
 batch by batch, so a retry, a redelivery or a run killed by its time limit (requeued, not
@@ -10,11 +11,17 @@ from __future__ import annotations
 from typing import Any, NoReturn
 
 from memory_core.db import describe_db_error
+from memory_core.fold_sweep import sweep_lost_folds
 from memory_core.folding import POSTGRES_DOWN
 from memory_core.lifecycle import DeleteFailed, apply_retention, forget_owner
 from memory_core.logs import get_logger
 from memory_core.purge import sweep_late_checkpoints
-from memory_core.queues import FORGET_OWNER_TASK, PURGE_TRACES_TASK, RETENTION_TASK
+from memory_core.queues import (
+    FORGET_OWNER_TASK,
+    PURGE_TRACES_TASK,
+    RETENTION_TASK,
+    SWEEP_FOLDS_TASK,
+)
 from memory_core.trace_sweep import sweep_trace_purges
 
 from .app import app
@@ -89,3 +96,21 @@ def purge_traces_task(self: MemoryTask) -> dict[str, Any]:
         "pending": sweep.pending,
         "late_checkpoint_runs": runs,
     }
+
+
+@app.task(
+    bind=True,
+    base=MemoryTask,
+    name=SWEEP_FOLDS_TASK,
+    max_retries=0,  # the requests stay on the rows; the next beat tick takes them
+    soft_time_limit=120,
+    time_limit=150,
+)
+def sweep_folds_task(self: MemoryTask) -> dict[str, Any]:
+    """Folds requested and then lost (memory_core/fold_sweep.py): published again."""
+    try:
+        sweep = sweep_lost_folds(self.memory)
+    except POSTGRES_DOWN as exc:
+        log.warning("memory.fold_sweep_skipped", error=describe_db_error(exc))
+        return {"found": 0, "published": 0, "error": describe_db_error(exc)}
+    return {"found": sweep.found, "published": sweep.published}

@@ -16,7 +16,7 @@ from memory_core.conversation_memory import RedisConversationMemory
 from memory_core.db import session_scope
 from memory_core.devservices.poll import wait_for
 from memory_core.events import Event, EventConsumer
-from memory_core.fold_publisher import FINALIZE_QUEUE, FINALIZE_TASK
+from memory_core.fold_publisher import FINALIZE_QUEUE, FINALIZE_TASK, FOLD_QUEUE, FOLD_TASK
 from memory_core.models import ConversationThread, ThreadMessage
 
 # ------------------------------------------------------------------ Postgres
@@ -149,6 +149,16 @@ def held_finalize_jobs(client: redis.Redis) -> set[str]:
 def queued_finalize_jobs(client: redis.Redis) -> set[str]:
     """session_ids of the finalize jobs waiting in the `memory.finalize` queue."""
     return _finalize_session_ids(json.loads(raw) for raw in client.lrange(FINALIZE_QUEUE, 0, -1))
+
+
+def queued_fold_threads(client: redis.Redis) -> list[str]:
+    """The thread ids of the fold jobs waiting in the `memory.fold` queue, oldest first."""
+    out = []
+    for raw in reversed(client.lrange(FOLD_QUEUE, 0, -1)):  # kombu LPUSHes, BRPOPs
+        message = json.loads(raw)
+        if message["headers"].get("task") == FOLD_TASK:
+            out.append(json.loads(base64.b64decode(message["body"]))[0][0])
+    return out
 
 
 # ------------------------------------------------------------------ event streams

@@ -1,7 +1,8 @@
 """The lifecycle tasks through a real worker, and Celery beat as deployed, on both brokers.
 
-memory.forget_owner, memory.apply_retention and memory.purge_traces ride the memory.fold queue
-(workers/app.py task_routes); beat sends the last two on its schedule. The threads are made
+memory.forget_owner, memory.apply_retention, memory.purge_traces and memory.sweep_folds ride
+the memory.fold queue (workers/app.py task_routes); beat sends the last three on its schedule
+(memory.sweep_folds's own test: test_fold_sweep_task.py). The threads are made
 the way an agent makes them (`save_session_to_thread_safe`, working copy included).
 """
 
@@ -32,6 +33,7 @@ from memory_core.devservices.poll import wait_for
 from memory_core.devservices.workers import WorkerProcess
 from memory_core.events import MEMORY_OWNER_FORGOTTEN, MEMORY_RETENTION_RUN, MEMORY_THREAD_DELETED
 from memory_core.fold_publisher import WORKER_APP
+from memory_core.fold_sweep import lost_folds
 from memory_core.models import ConversationThread
 from memory_core.queues import (
     DEAD_LETTER_QUEUE,
@@ -40,6 +42,7 @@ from memory_core.queues import (
     FORGET_OWNER_TASK,
     PURGE_TRACES_TASK,
     RETENTION_TASK,
+    SWEEP_FOLDS_TASK,
     is_amqp,
 )
 from memory_core.session_handler import save_session_to_thread_safe
@@ -54,6 +57,7 @@ on_both_brokers = pytest.mark.parametrize("broker", BROKERS, indirect=True)
 SCHEDULE = {
     "memory-retention": (RETENTION_TASK, crontab(minute=17), 3600),
     "memory-trace-purges": (PURGE_TRACES_TASK, schedule(300.0), 300),
+    "memory-fold-sweep": (SWEEP_FOLDS_TASK, schedule(60.0), 60),
 }
 RETENTION_MINUTE = 17
 
@@ -267,7 +271,7 @@ def test_beat_schedule_sends_the_lifecycle_tasks_to_the_fold_queue() -> None:
     }
     assert entries == SCHEDULE
     assert app.conf.result_expires is None  # no daily celery.backend_cleanup from beat
-    for task in (FORGET_OWNER_TASK, RETENTION_TASK, PURGE_TRACES_TASK):
+    for task in (FORGET_OWNER_TASK, RETENTION_TASK, PURGE_TRACES_TASK, SWEEP_FOLDS_TASK):
         assert task in app.tasks
         assert app.amqp.router.route({}, task)["queue"].name == FOLD_QUEUE
 
@@ -383,12 +387,13 @@ def test_beat_starts_sends_due_tasks_and_stops_cleanly(
         assert beat.stop() == 0  # SIGTERM: a clean exit, the schedule saved
     assert errors_in(beat.log()) == []
 
-    # Restarted after a day down: both entries are overdue and sent at once, to memory.fold.
+    # Restarted after a day down: every entry is overdue and sent at once, to memory.fold.
     make_overdue(beat.schedule, SCHEDULE, timedelta(days=1))
     with beat.start():
         lines = [f"Scheduler: Sending due task {n} ({t})" for n, (t, _, _) in SCHEDULE.items()]
         wait_for(lambda: all(ln in beat.log() for ln in lines), 30, " and ".join(lines), beat.log)
-        wait_for(lambda: ready(broker, FOLD_QUEUE) == len(SCHEDULE), 30, "2 jobs", beat.log)
+        sent = len(SCHEDULE)
+        wait_for(lambda: ready(broker, FOLD_QUEUE) == sent, 30, f"{sent} jobs", beat.log)
         assert ready(broker, FINALIZE_QUEUE) == 0
         assert beat.stop() == 0
     assert errors_in(beat.log()) == []
@@ -401,8 +406,10 @@ def test_beat_starts_sends_due_tasks_and_stops_cleanly(
         assert beat.stop() == 0
     assert errors_in(beat.log()) == []
 
-    # A fold worker runs what beat sent.
+    # A fold worker runs what beat sent. Earlier tests' long-due folds are stamped due now
+    # first, so the sweep publishes none of them (their folds would keep memory.fold busy).
+    lost_folds(RedisConversationMemory(), limit=1_000_000)
     w = start_worker(queues=FOLD_QUEUE)
     tasks = [task for task, _, _ in SCHEDULE.values()]
-    wait_for(lambda: all(succeeded(w.log(), t) == 1 for t in tasks), 60, "both runs", w.log)
+    wait_for(lambda: all(succeeded(w.log(), t) == 1 for t in tasks), 60, "every run", w.log)
     wait_for(lambda: drained(broker), 30, "memory.fold drained", w.log)
