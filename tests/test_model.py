@@ -13,6 +13,7 @@ every step checks the guarantees against a plain in-memory model:
 * strangers and unknown ids get `ThreadNotFound`;
 * no save and no fold raises (their failures are outcomes);
 * the stored summary stays within its documented bound;
+* a thread over the fold threshold has its fold requested on its row (`fold_due_at`);
 * every view fits its budget, keeps the summary, has room for the newest turn, and no text a
   user wrote can pose as a line of the view's structure;
 * nothing is written to stdout.
@@ -73,6 +74,10 @@ from tests.support.snapshots import make_snapshot
 APP = f"memory-model-{os.getpid()}"
 THRESHOLD, RECENT = 4, 2
 CAP = 2 * THRESHOLD
+# The fold token trigger (the default). A "big" turn (15 SQL statements of ~3 000 characters:
+# ~11 000 estimated tokens) is over it alone; the model's other turns are ~100 tokens, so up
+# to THRESHOLD of them stay far below TOKEN_TRIGGER // 2.
+TOKEN_TRIGGER = 6000
 SUMMARY_MAX_TOKENS = 300
 VIEW_BUDGET = 2000
 OWNERS = ("alice", "bob")
@@ -121,6 +126,7 @@ def world(faulty_redis: FaultyRedis) -> Iterator[World]:
         "memory_llm_timeout_s": 5.0,
         "memory_compression_threshold": THRESHOLD,
         "memory_max_recent_messages": RECENT,
+        "memory_fold_token_trigger": TOKEN_TRIGGER,
         "memory_summary_max_tokens": SUMMARY_MAX_TOKENS,
         "memory_local_cache_size": 4,
     }
@@ -163,6 +169,26 @@ class ThreadModel:
 def summary_bound(s: Settings) -> int:
     """The documented bound of a stored summary (summarizer text + verbatim artifact tail)."""
     return stored_summary_bound(s.memory_summary_max_tokens)
+
+
+def is_big(snap: dict[str, Any]) -> bool:
+    return any(len(sql) > 1000 for sql in snap["sql"])
+
+
+def expected_fold_upto(t: ThreadModel) -> int | None:
+    """The seq a fold of the thread covers through (None: nothing is due), from
+    docs/ARCHITECTURE.md "Fold arithmetic". The turn-count rule wins; else the token trigger
+    folds when the unfolded turns exceed it (here: one of them is big) and are at least 2,
+    keeping the newest turns within TOKEN_TRIGGER // 2 (at least the newest), so it folds
+    through the newest big turn, or all but the newest when that one is big."""
+    n = len(t.snapshots)
+    if n - t.through > THRESHOLD:
+        return min(n - RECENT, t.through + CAP)
+    unfolded = range(t.through + 1, n + 1)
+    big = [seq for seq in unfolded if is_big(t.snapshots[seq - 1])]
+    if len(unfolded) < 2 or not big:
+        return None
+    return n - 1 if big[-1] == n else big[-1]
 
 
 class MemoryMachine(RuleBasedStateMachine):
@@ -307,16 +333,15 @@ class MemoryMachine(RuleBasedStateMachine):
                     self.pg_fault = ""  # the pool has been invalidated: reconnects from now
                 return
             raise
-        n = len(t.snapshots)
-        if n - t.through <= THRESHOLD:
+        upto = expected_fold_upto(t)
+        if upto is None:
             assert outcome.status == "noop", outcome
             return
-        upto = min(n - RECENT, t.through + CAP)
         if mode in ("500", "garbage") and outcome.status != "folded":
             assert outcome.status == "failed", outcome
             return
         assert outcome.status == "folded", outcome
-        assert outcome.through_seq == upto, (outcome, n, t.through)
+        assert outcome.through_seq == upto, (outcome, len(t.snapshots), t.through)
         t.through = upto
 
     # ------------------------------------------------------------------ rules: faults
@@ -426,6 +451,22 @@ class MemoryMachine(RuleBasedStateMachine):
                     assert f"[#{newest.seq}] User:" in view, f"newest turn missing ({focus})"
             for line in view.splitlines():
                 assert not line.startswith((FORGED, FORGED_TURN)), (focus, line)
+
+    @invariant()
+    def a_fold_the_thread_needs_stays_requested_on_its_row(self) -> None:
+        """Over the threshold, the row says a fold is due (`fold_due_at`), whatever failed:
+        what a later turn and `memory.sweep_folds` republish from when a message is lost."""
+        for t in self.threads:
+            with session_scope() as s:
+                row = s.execute(
+                    select(
+                        ConversationThread.last_seq,
+                        ConversationThread.summary_through_seq,
+                        ConversationThread.fold_due_at,
+                    ).where(ConversationThread.id == t.tid)
+                ).one_or_none()
+            if row is not None and row.last_seq - row.summary_through_seq > THRESHOLD:
+                assert row.fold_due_at is not None, (t.tid, row)
 
     @invariant()
     def summaries_stay_within_their_bound(self) -> None:
