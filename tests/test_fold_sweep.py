@@ -24,7 +24,7 @@ from memory_core.models import ConversationThread
 from memory_core.settings import Settings, get_settings
 from memory_core.summarizer import ConversationSummarizer
 from tests.support.snapshots import make_snapshot
-from tests.support.state import queued_fold_threads, thread_row
+from tests.support.state import freshen_other_fold_requests, queued_fold_threads, thread_row
 
 DOWN = "redis://127.0.0.1:1/0"  # nothing listens: every publish fails
 T = ConversationThread
@@ -56,12 +56,6 @@ def _at(seconds: float | None) -> datetime | None:
 def _set(tid: uuid.UUID, **values: Any) -> None:
     with session_scope() as s:
         s.execute(update(T).where(T.id == tid).values(**values))
-
-
-def _settle_others(memory: RedisConversationMemory) -> None:
-    """Earlier tests' threads with a fold long due are lost folds too, and older than ours:
-    stamp them due now (no longer lost for a grace) so a limited pass sees only ours."""
-    lost_folds(memory, limit=1_000_000)
 
 
 def _add_row(due_in_s: float | None, lease_in_s: float | None) -> uuid.UUID:
@@ -128,7 +122,7 @@ def test_the_sweep_takes_exactly_the_lost_folds(broker: redis.Redis, redis_clien
     with no live lease is lost. A live lease is a fold running; a due time in the future is a
     failed fold's retry waiting out its backoff; a recent one may still be in the queue."""
     memory = _memory(redis_client)
-    _settle_others(memory)
+    freshen_other_fold_requests()  # earlier tests' long-due folds: older than ours
     grace = memory.settings.memory_fold_republish_grace_s
     dues = {"none": None, "retry later": 60.0, "recent": -10.0, "lost": -grace - 60.0}
     leases = {"none": None, "expired": -10.0, "live": 60.0}
@@ -164,7 +158,7 @@ def test_concurrent_sweeps_publish_each_lost_fold_once(
     """Two fold workers running the sweep at once (two beats, or a late one): SKIP LOCKED and
     the stamp keep them off each other's rows."""
     memory = _memory(redis_client)
-    _settle_others(memory)
+    freshen_other_fold_requests()  # earlier tests' long-due folds: older than ours
     grace = memory.settings.memory_fold_republish_grace_s
     tids = {_add_row(-grace - 60.0 - n, None) for n in range(60)}
     with ThreadPoolExecutor(4) as pool:

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import redis
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
 from memory_core.conversation_memory import RedisConversationMemory
 from memory_core.db import session_scope
@@ -80,6 +80,19 @@ def thread_rows(tids: Iterable[uuid.UUID]) -> dict[uuid.UUID, ConversationThread
     with session_scope() as s:
         rows = s.scalars(select(ConversationThread).where(ConversationThread.id.in_(list(tids))))
         return {t.id: t for t in rows}
+
+
+def freshen_other_fold_requests(keep: Iterable[uuid.UUID] = ()) -> None:
+    """Make every fold request in the database but the threads in `keep` due now: earlier
+    tests leave folds long due (some behind a killed fold's lease that lapses later), which a
+    sweep would take as lost, publish and run beside the test's own."""
+    t = ConversationThread
+    with session_scope() as s:
+        s.execute(
+            update(t)
+            .where(t.fold_due_at.is_not(None), t.id.not_in(list(keep)))
+            .values(fold_due_at=func.now())
+        )
 
 
 def folds_caught_up(tids: Iterable[uuid.UUID], threshold: int = 20) -> bool:

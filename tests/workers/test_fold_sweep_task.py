@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import ast
+import re
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -16,13 +18,12 @@ from memory_core import RedisConversationMemory, save_session_to_thread_safe
 from memory_core.db import session_scope
 from memory_core.devservices.poll import wait_for
 from memory_core.devservices.workers import WorkerProcess
-from memory_core.fold_sweep import lost_folds
 from memory_core.models import ConversationThread
 from memory_core.queues import FOLD_QUEUE, SWEEP_FOLDS_TASK
 from memory_core.settings import Settings
 from tests.support.brokers import BROKERS, held, ready
 from tests.support.snapshots import make_snapshot
-from tests.support.state import thread_row
+from tests.support.state import freshen_other_fold_requests, thread_row
 from tests.support.workers import destination
 
 DOWN = "redis://127.0.0.1:1/0"
@@ -49,9 +50,9 @@ def test_the_sweep_task_republishes_a_lost_fold_and_the_fold_runs(
     cut_off = RedisConversationMemory(redis_client, settings=down)
     outcome = save_session_to_thread_safe(make_snapshot(tid, 21), memory=cut_off)
     assert (outcome.status, outcome.fold_published) == ("saved", False)
-    # Earlier tests' long-due folds would be swept too: stamp them due now (not lost for a
-    # grace), then make ours a grace old.
-    lost_folds(memory, limit=1_000_000)
+    # Earlier tests' long-due folds would be swept (and run) too: make them due now, then
+    # make ours a grace old.
+    freshen_other_fold_requests(keep=[tid])
     grace = memory.settings.memory_fold_republish_grace_s
     with session_scope() as s:
         old = datetime.now(UTC) - timedelta(seconds=grace + 5)
@@ -63,7 +64,11 @@ def test_the_sweep_task_republishes_a_lost_fold_and_the_fold_runs(
     assert _summary_through(tid) == 0  # nothing folds it by itself
     agent.send_task(SWEEP_FOLDS_TASK, args=[], **destination(agent, FOLD_QUEUE))
     wait_for(lambda: _summary_through(tid) == 11, 60, "the lost fold run", w.log)
-    assert '"found": 1' in w.log() or "'found': 1" in w.log(), w.log()[-3000:]
+    done = rf"Task {re.escape(SWEEP_FOLDS_TASK)}\[[0-9a-f-]+\] succeeded in [0-9.]+s: (\{{.*?\}})"
+    wait_for(lambda: re.search(done, w.log()), 30, "the sweep's result", w.log)
+    match = re.search(done, w.log())
+    assert match is not None
+    assert ast.literal_eval(match.group(1)) == {"found": 1, "published": 1}
     wait_for(lambda: (ready(broker, FOLD_QUEUE), held(broker)) == (0, 0), 30, "drained", w.log)
     row = thread_row(tid)
     assert row is not None and row.fold_due_at is None

@@ -33,7 +33,6 @@ from memory_core.devservices.poll import wait_for
 from memory_core.devservices.workers import WorkerProcess
 from memory_core.events import MEMORY_OWNER_FORGOTTEN, MEMORY_RETENTION_RUN, MEMORY_THREAD_DELETED
 from memory_core.fold_publisher import WORKER_APP
-from memory_core.fold_sweep import lost_folds
 from memory_core.models import ConversationThread
 from memory_core.queues import (
     DEAD_LETTER_QUEUE,
@@ -48,7 +47,7 @@ from memory_core.queues import (
 from memory_core.session_handler import save_session_to_thread_safe
 from tests.support.brokers import BROKERS, delayed, held, ready
 from tests.support.snapshots import make_snapshot
-from tests.support.state import drain_events, thread_rows
+from tests.support.state import drain_events, freshen_other_fold_requests, thread_rows
 from tests.support.workers import destination, producer
 
 on_both_brokers = pytest.mark.parametrize("broker", BROKERS, indirect=True)
@@ -406,9 +405,9 @@ def test_beat_starts_sends_due_tasks_and_stops_cleanly(
         assert beat.stop() == 0
     assert errors_in(beat.log()) == []
 
-    # A fold worker runs what beat sent. Earlier tests' long-due folds are stamped due now
+    # A fold worker runs what beat sent. Earlier tests' long-due folds are made due now
     # first, so the sweep publishes none of them (their folds would keep memory.fold busy).
-    lost_folds(RedisConversationMemory(), limit=1_000_000)
+    freshen_other_fold_requests()
     w = start_worker(queues=FOLD_QUEUE)
     tasks = [task for task, _, _ in SCHEDULE.values()]
     wait_for(lambda: all(succeeded(w.log(), t) == 1 for t in tasks), 60, "every run", w.log)
