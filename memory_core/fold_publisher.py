@@ -1,7 +1,9 @@
 """Publishing `memory.fold_thread` by name, so the core never imports the worker package.
 
 Publishing is best effort and bounded: a down broker costs at most about a second (plus the
-broker's confirm on RabbitMQ) and is logged and counted (`memory_fold_publish_failures_total`).
+broker's confirm on RabbitMQ), twice when a kept connection went stale first (one more try on a
+new connection: memory_core/broker_connections.py), and is logged and counted
+(`memory_fold_publish_failures_total`).
 The fold request is also recorded on the thread row (`fold_due_at`), so a later finalize
 re-publishes a fold whose message never made it (see claim.claim_statement).
 
@@ -19,6 +21,7 @@ from uuid import UUID
 
 from celery import Celery
 
+from memory_core.broker_connections import IDLE, drop
 from memory_core.logs import get_logger
 from memory_core.metrics import FOLD_PUBLISH_FAILURES
 from memory_core.queues import (
@@ -42,6 +45,7 @@ __all__ = [
     "WORKER_PACKAGE",
     "publish_fold",
     "publisher_app",
+    "reset_publishers",
     "send_by_name",
 ]
 # A publish waits at most this long for the broker (connect, and on RabbitMQ its confirm).
@@ -65,6 +69,12 @@ def publisher_app(broker_url: str) -> Celery:
     return app
 
 
+def reset_publishers() -> None:
+    """Forget the publisher apps and close the kept connections (tests; a changed broker)."""
+    publisher_app.cache_clear()
+    IDLE.clear()
+
+
 def publisher_transport_options(broker_url: str) -> dict[str, Any]:
     """Bounded I/O for a publish; on RabbitMQ, publisher confirms."""
     if is_amqp(broker_url):
@@ -84,14 +94,34 @@ def send_by_name(task: str, args: list[Any], queue: str, broker_url: str | None 
     """Publish `task` by name to `queue` on `broker_url`; its task id (raises on broker trouble).
 
     An explicit connection: Celery lets a CELERY_BROKER_URL environment variable override the
-    app's `broker=`, which would silently send to another broker than the one asked for.
+    app's `broker=`, which would silently send to another broker than the one asked for. It is
+    kept for the next publish (memory_core/broker_connections.py).
     """
     url = broker_url or get_settings().celery_broker_url
     app = publisher_app(url)
     declared = task_queue(url, queue)  # KeyError for a queue that is not ours
-    with app.connection_for_write(url) as conn:
-        sent = app.send_task(task, args=args, queue=declared, connection=conn, retry=False)
-        return str(sent.id)
+    kept = IDLE.take(url)
+    if kept is not None:
+        try:
+            return _send(kept, url, task, args, declared)
+        except Exception as exc:  # a kept connection may have gone stale: a broker restart
+            log.debug("memory.publish_retried_on_new_connection", error_type=type(exc).__name__)
+    return _send(app.connection_for_write(url), url, task, args, declared)
+
+
+def _send(conn: Any, url: str, task: str, args: list[Any], queue: Any) -> str:
+    # Declare on every publish, as a new connection would: a queue deleted (or a Redis broker
+    # flushed) since the last one is declared again instead of published into the void.
+    conn.declared_entities.clear()
+    try:
+        sent = publisher_app(url).send_task(
+            task, args=args, queue=queue, connection=conn, retry=False
+        )
+    except BaseException:
+        drop(conn)
+        raise
+    IDLE.keep(url, conn)
+    return str(sent.id)
 
 
 def publish_fold(thread_id: UUID | str, broker_url: str | None = None) -> bool:

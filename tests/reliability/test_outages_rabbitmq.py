@@ -19,7 +19,7 @@ from memory_core.devservices.fake_llm import FakeLLMServer
 from memory_core.devservices.poll import wait_for
 from memory_core.devservices.rabbitmq import PrivateRabbitMQ
 from memory_core.devservices.workers import WorkerProcess
-from memory_core.fold_publisher import publisher_app
+from memory_core.fold_publisher import reset_publishers
 from memory_core.settings import reset_settings_cache
 from tests.support import figures
 from tests.support.agents import JobLoad
@@ -37,11 +37,11 @@ def rabbit(monkeypatch: pytest.MonkeyPatch) -> Iterator[PrivateRabbitMQ]:
     with PrivateRabbitMQ() as node:
         monkeypatch.setenv("CELERY_BROKER_URL", node.url)
         reset_settings_cache()
-        publisher_app.cache_clear()
+        reset_publishers()
         yield node
     monkeypatch.undo()
     reset_settings_cache()
-    publisher_app.cache_clear()
+    reset_publishers()
 
 
 def _outage(node: PrivateRabbitMQ, load: JobLoad, how: str) -> dict[str, float]:

@@ -22,7 +22,7 @@ from memory_core.devservices.poll import wait_for
 from memory_core.devservices.rabbitmq import drop_vhost
 from memory_core.devservices.rabbitmq import test_vhost as create_vhost
 from memory_core.devservices.workers import WorkerExited, WorkerProcess
-from memory_core.fold_publisher import publish_fold, publisher_app
+from memory_core.fold_publisher import publish_fold, reset_publishers
 from memory_core.metrics import FOLD_PUBLISH_FAILURES
 from memory_core.queues import (
     DEAD_LETTER_QUEUE,
@@ -150,7 +150,7 @@ def test_a_publish_the_broker_cannot_route_raises_instead_of_vanishing(
     app = producer(other_vhost)
     with pytest.raises(Exception, match=r"NOT_FOUND|404"):
         send_finalize(app, make_snapshot(uuid.uuid4(), 1))
-    publisher_app.cache_clear()
+    reset_publishers()
 
 
 def test_a_dead_workers_jobs_come_back_at_once_with_production_settings(
