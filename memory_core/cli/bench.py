@@ -222,6 +222,24 @@ def bench_broker_cmd(
     bench_broker(broker_url, messages)
 
 
+@bench_app.command("publish")
+@one_line_errors
+def bench_publish_cmd(
+    broker_url: Annotated[
+        list[str],
+        typer.Option(help="A broker nothing consumes from (redis:// or amqp://); repeatable."),
+    ],
+    publishes: int = 300,
+) -> None:
+    """A publish on a kept broker connection vs a new one each vs kombu's raw publish."""
+    from memory_core.bench.publish import BrokerInUse, bench_publish
+
+    try:
+        bench_publish(broker_url, publishes)
+    except BrokerInUse as exc:
+        fail(str(exc))
+
+
 @bench_app.command("async")
 @one_line_errors
 def bench_async_cmd(
