@@ -22,8 +22,6 @@ from typing import Any
 
 IDLE_PER_BROKER = 4
 MAX_BROKERS = 4
-# How long closing a connection may wait on its socket (a broker that vanished must not stall).
-CLOSE_TIMEOUT_S = 0.1
 
 
 class IdleConnections:
@@ -73,9 +71,17 @@ class IdleConnections:
 
 
 def drop(conn: Any) -> None:
-    """Close `conn` without waiting on a broker that may be gone; never raises."""
+    """Close `conn` without waiting on a broker that may be gone; never raises.
+
+    py-amqp's transport can drop its socket without the close handshake (`collect`). For the
+    others kombu's `collect` would set the *process's* default socket timeout for a moment,
+    which other threads' new sockets would take: Redis's `close` waits on nothing anyway.
+    """
     with suppress(Exception):
-        conn.collect(socket_timeout=CLOSE_TIMEOUT_S)
+        if hasattr(conn.transport, "_collect"):
+            conn.collect()
+        else:
+            conn.close()
 
 
 IDLE = IdleConnections()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -16,11 +17,18 @@ import pytest
 import redis
 from kombu import Connection
 
-from memory_core.broker_connections import IDLE, IDLE_PER_BROKER, MAX_BROKERS, IdleConnections
+from memory_core.broker_connections import (
+    IDLE,
+    IDLE_PER_BROKER,
+    MAX_BROKERS,
+    IdleConnections,
+    drop,
+)
+from memory_core.devservices.poll import wait_for
 from memory_core.fold_publisher import FOLD_QUEUE, publish_fold
 from memory_core.metrics import FOLD_PUBLISH_FAILURES
 from memory_core.queues import is_amqp
-from tests.support.brokers import BROKERS, RABBITMQCTL, ready, vhost_of
+from tests.support.brokers import BROKERS, RABBITMQCTL, ready
 from tests.support.services import PrivateRedis
 
 pytestmark = pytest.mark.parametrize("broker", BROKERS, indirect=True)
@@ -41,6 +49,18 @@ def _peek(url: str) -> object | None:
     if conn is not None:
         IDLE.keep(url, conn)
     return conn
+
+
+def _listed() -> dict[str, str]:
+    """The node's connections: name -> the connection's process id (what closes it)."""
+    out = subprocess.run(
+        [RABBITMQCTL, "-q", "list_connections", "name", "pid", "--no-table-headers"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    return dict(line.rsplit("\t", 1) for line in out.splitlines() if "\t" in line)
 
 
 def _drop_binding_or_queue(url: str) -> None:
@@ -77,13 +97,17 @@ def test_a_connection_the_broker_closed_is_replaced_and_the_publish_lands(
     try:
         assert publish_fold(uuid.uuid4(), url)
         stale = _peek(url)
-        if private is None:  # RabbitMQ closes every connection of the test's vhost
+        if private is None:  # RabbitMQ closes the kept connection (only it: the session's
+            # other connections, such as kombu's global pools, must not go stale)
+            port = stale.connection.sock.getsockname()[1]  # type: ignore[union-attr]
+            name = f"127.0.0.1:{port} -> 127.0.0.1:5672"
             subprocess.run(
-                [RABBITMQCTL, "-q", "close_all_connections", "--vhost", vhost_of(url), "test"],
+                [RABBITMQCTL, "-q", "close_connection", _listed()[name], "test"],
                 check=True,
                 capture_output=True,
                 timeout=60,
             )
+            wait_for(lambda: name not in _listed(), 30, "RabbitMQ to close the connection")
         else:  # Redis restarts (its AOF keeps the first message)
             private.stop()
             private.start()
@@ -159,3 +183,17 @@ def test_idle_connections_are_bounded_per_broker_and_in_brokers(broker: str) -> 
     assert [idle.count(u) for u in urls[1:]] == [1] * MAX_BROKERS
     idle.clear()
     assert [idle.count(u) for u in urls] == [0] * len(urls)
+
+
+def test_dropping_a_connection_leaves_the_process_socket_timeout_alone(
+    broker: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kombu's `collect` sets the process-wide default socket timeout for a moment on Redis,
+    which sockets other threads of the host create meanwhile would take."""
+    assert publish_fold(uuid.uuid4(), broker)
+    conn = IDLE.take(broker)
+    calls: list[float | None] = []
+    monkeypatch.setattr(socket, "setdefaulttimeout", calls.append)
+    drop(conn)
+    assert calls == []
+    assert not conn.connected  # closed all the same
