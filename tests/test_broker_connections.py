@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -43,7 +44,7 @@ def no_kept_connections() -> Iterator[None]:
     IDLE.clear()
 
 
-def _peek(url: str) -> object | None:
+def _peek(url: str) -> Any:
     """The connection the next publish to `url` would take (left kept)."""
     conn = IDLE.take(url)
     if conn is not None:
@@ -99,7 +100,7 @@ def test_a_connection_the_broker_closed_is_replaced_and_the_publish_lands(
         stale = _peek(url)
         if private is None:  # RabbitMQ closes the kept connection (only it: the session's
             # other connections, such as kombu's global pools, must not go stale)
-            port = stale.connection.sock.getsockname()[1]  # type: ignore[union-attr]
+            port = stale.connection.sock.getsockname()[1]
             name = f"127.0.0.1:{port} -> 127.0.0.1:5672"
             subprocess.run(
                 [RABBITMQCTL, "-q", "close_connection", _listed()[name], "test"],
@@ -192,6 +193,7 @@ def test_dropping_a_connection_leaves_the_process_socket_timeout_alone(
     which sockets other threads of the host create meanwhile would take."""
     assert publish_fold(uuid.uuid4(), broker)
     conn = IDLE.take(broker)
+    assert conn is not None
     calls: list[float | None] = []
     monkeypatch.setattr(socket, "setdefaulttimeout", calls.append)
     drop(conn)
