@@ -38,7 +38,6 @@ __all__ = [
     "token_due",
     "token_fold_upto",
     "token_upto",
-    "tokens_after_fold",
     "unfolded_sizes",
     "unfolded_turns",
 ]
@@ -153,23 +152,3 @@ def token_upto(
     if upto is not None:
         upto = min(upto, lease.through + memory.max_unfolded_messages)
     return TokenPlan(upto, turns, sizes)
-
-
-def tokens_after_fold(
-    session: Session,
-    tid: uuid.UUID,
-    through: int,
-    upto: int,
-    trigger: int,
-    *,
-    folded: int | None = None,
-) -> Any:
-    """SQL: `unfolded_tokens` less the sizes of the folded turns (through < seq <= upto), as
-    the fold's compare-and-set leaves it; unchanged when the trigger is off. `folded`: those
-    sizes' sum when the fold already has it (`TokenPlan.covered`); read from the rows if not."""
-    t = ConversationThread
-    if trigger <= 0:
-        return t.unfolded_tokens
-    if folded is None:
-        folded = sum(n for _, n in unfolded_sizes(session, tid, through, upto))
-    return func.greatest(t.unfolded_tokens - folded, 0)

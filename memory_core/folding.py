@@ -38,7 +38,9 @@ from memory_core.carry_forward import CarriedForward, carry_forward
 from memory_core.context import Exchange
 from memory_core.conversation_memory import RedisConversationMemory
 from memory_core.db import describe_db_error, retry_on_disconnect
-from memory_core.fold_tokens import token_due, token_upto, tokens_after_fold
+from memory_core.fast_write import execute_autocommit
+from memory_core.fold_statements import lease_statement, store_statement
+from memory_core.fold_tokens import token_due, token_upto
 from memory_core.llm_free_fold import LLM_FREE_LABEL, LLM_FREE_TARGET_TOKENS, llm_free_fold
 from memory_core.logs import describe_error, get_logger
 from memory_core.metrics import FOLD_FALLBACKS, FOLD_SECONDS, FOLDS, INSTRUCTIONS, LLM_TOKENS
@@ -52,7 +54,7 @@ from memory_core.summary_tail import (
     strip_artifact_tail,
     with_tail,
 )
-from memory_core.tokens import count_tokens, truncate_to_tokens
+from memory_core.tokens import count_tokens, truncate_to_tokens, turn_size
 
 log = get_logger(__name__)
 
@@ -151,8 +153,7 @@ class Folder:
     def _fold(self, tid: uuid.UUID, token: uuid.UUID) -> FoldOutcome:
         # A fold-only worker never reads or saves: it drops the copies it marked here.
         self.memory.drop_copies_behind()
-        with self.memory.session_factory() as session:
-            lease = self._take_lease(session, tid, token)
+        lease = self._take_lease(tid, token)
         if isinstance(lease, str):
             return FoldOutcome(lease, str(tid))  # type: ignore[arg-type]
         upto = self._fold_upto(lease.through, lease.last_seq)  # the turn-count rule wins
@@ -207,17 +208,18 @@ class Folder:
             INSTRUCTIONS.labels("restored").inc(carried.restored)
             INSTRUCTIONS.labels("superseded_dropped").inc(carried.superseded_dropped)
         new_summary = self._stored_summary(carried.text, turns)
-        with self.memory.session_factory() as session:
-            won, again = self._compare_and_set(
-                session,
-                tid=tid,
-                token=token,
-                through=lease.through,
-                upto=upto,
-                summary=new_summary,
-                prompt=result.prompt,
-                folded=folded,
-            )
+        if folded is None:  # read without their sizes; these are the turns folded
+            on = self.memory.fold_token_trigger > 0
+            folded = sum(turn_size(t) for t in turns) if on else 0
+        won, again = self._compare_and_set(
+            tid=tid,
+            token=token,
+            through=lease.through,
+            upto=upto,
+            summary=new_summary,
+            prompt=result.prompt,
+            folded=folded,
+        )
         if not won:
             return FoldOutcome("lost", str(tid), through_seq=lease.through)
         self.memory.refresh_summary(lease.owner, tid, new_summary, upto)
@@ -274,28 +276,15 @@ class Folder:
         upto = last_seq - self.memory.max_recent_messages
         return min(upto, through + self.memory.max_unfolded_messages)
 
-    def _take_lease(self, session: Session, tid: uuid.UUID, token: uuid.UUID) -> _Lease | str:
-        t = ConversationThread
-        lease = (t.owner_id, t.summary, t.summary_through_seq, t.last_seq, t.fold_attempts)
-        stmt = (
-            update(t)
-            .where(
-                t.id == tid,
-                t.fold_lease_until.is_(None)
-                | (t.fold_lease_until < func.now())
-                | (t.fold_lease_token == token),
-            )
-            .values(
-                fold_lease_token=token,
-                fold_lease_until=func.now()
-                + func.make_interval(0, 0, 0, 0, 0, 0, self.settings.memory_fold_lease_s),
-            )
-            .returning(*lease, t.unfolded_tokens)
-        )
-        row = session.execute(stmt).one_or_none()
-        if row is not None:
-            return _Lease(*row)
-        exists = session.scalar(select(t.id).where(t.id == tid))
+    def _take_lease(self, tid: uuid.UUID, token: uuid.UUID) -> _Lease | str:
+        """Our lease (one autocommitted UPDATE), or why not: "busy" or "missing"."""
+        params = {"tid": tid, "token": token, "lease_s": self.settings.memory_fold_lease_s}
+        rows = execute_autocommit(self.memory.engine, lease_statement(), params)
+        if rows:
+            return _Lease(*rows[0])
+        with self.memory.session_factory() as session:
+            t = ConversationThread
+            exists = session.scalar(select(t.id).where(t.id == tid))
         return "busy" if exists else "missing"
 
     def _due_again(self, through: Any, tokens: Any = None) -> Any:
@@ -324,7 +313,6 @@ class Folder:
 
     def _compare_and_set(
         self,
-        session: Session,
         *,
         tid: uuid.UUID,
         token: uuid.UUID,
@@ -332,31 +320,24 @@ class Folder:
         upto: int,
         summary: str,
         prompt: str,
-        folded: int | None = None,
+        folded: int,
     ) -> tuple[bool, bool]:
-        """Store the summary if our lease still holds: (won, another fold is due now)."""
-        t = ConversationThread
-        trigger = self.memory.fold_token_trigger
-        tokens = tokens_after_fold(session, tid, through, upto, trigger, folded=folded)
-        stmt = (
-            update(t)
-            .where(t.id == tid, t.summary_through_seq == through, t.fold_lease_token == token)
-            .values(
-                summary=summary,
-                summary_through_seq=upto,
-                summary_prompt=prompt[:200],
-                summary_updated_at=func.now(),
-                fold_attempts=0,
-                unfolded_tokens=tokens,
-                fold_due_at=self._due_again(upto, tokens),
-                last_fold_error=None,
-                fold_lease_token=None,
-                fold_lease_until=None,
-            )
-            .returning(t.fold_due_at.is_not(None))
-        )
-        row = session.execute(stmt).first()
-        return (row is not None, bool(row and row[0]))
+        """Store the summary if our lease still holds (one autocommitted UPDATE,
+        fold_statements.store_statement): (won, another fold is due now). `folded`: the
+        sizes of the folded turns, taken off the token counter when its trigger is on."""
+        params = {
+            "tid": tid,
+            "token": token,
+            "through": through,
+            "upto": upto,
+            "summary": summary,
+            "prompt": prompt[:200],
+            "folded": folded,
+            "threshold": self.memory.compression_threshold,
+            "trigger": self.memory.fold_token_trigger,
+        }
+        rows = execute_autocommit(self.memory.engine, store_statement(), params)
+        return (bool(rows), bool(rows and rows[0].again))
 
     def _failed(
         self, tid: uuid.UUID, token: uuid.UUID, turns: list[Exchange], exc: Exception

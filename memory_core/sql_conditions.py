@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from functools import lru_cache
 
 from memory_core.artifacts import one_line
 
@@ -98,13 +99,16 @@ def sql_key(condition: str) -> str:
     return "sql:" + ",".join(cols) if cols else "sql:" + condition.casefold()[:80]
 
 
-def sql_conditions(sql: str) -> list[tuple[str, str]]:
+# A fold parses each folded query more than once (the prompt's standing section, then
+# carry_forward, then `applies` per standing condition): keep recent answers, bounded.
+@lru_cache(maxsize=1024)
+def sql_conditions(sql: str) -> tuple[tuple[str, str], ...]:
     """(key, shown text) of each WHERE conjunct of a query."""
-    return [
+    return tuple(
         (sql_key(cond), one_line(SQL_PREFIX + cond, MAX_CHARS))
         for clause in _where_clauses(sql)
         for cond in _split_and(clause)
-    ]
+    )
 
 
 def _singular(word: str) -> str:
