@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from functools import cache
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
-from sqlalchemy import false, func, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy import Connection, Integer, bindparam, false, func, select, update
 
-from memory_core.claim import UNFOLDED_TOKENS_CAP
+from memory_core.claim import UNFOLDED_TOKENS_CAP, cast_table
 from memory_core.context import Exchange
 from memory_core.models import ConversationThread, ThreadMessage
 from memory_core.tokens import turn_size
@@ -38,7 +38,6 @@ __all__ = [
     "token_due",
     "token_fold_upto",
     "token_upto",
-    "unfolded_sizes",
     "unfolded_turns",
 ]
 
@@ -99,37 +98,41 @@ class TokenPlan(NamedTuple):
         return turns, sum(n for seq, n in self.sizes if seq <= upto)
 
 
+@cache
+def _turns_statement() -> Any:
+    """The turns tid's after < seq <= through, oldest first (Core: no ORM around the rows)."""
+    m = cast_table(ThreadMessage)
+    cols = ("seq", "session_id", "user_query", "answer", "artifacts", "completed_at")
+    return (
+        select(*(m.c[c] for c in cols))
+        .where(
+            m.c.thread_id == bindparam("tid", type_=m.c.thread_id.type),
+            m.c.seq > bindparam("after", type_=Integer),
+            m.c.seq <= bindparam("through", type_=Integer),
+        )
+        .order_by(m.c.seq)
+    )
+
+
 def unfolded_turns(
-    session: Session, tid: uuid.UUID, after_seq: int, through_seq: int
+    conn: Connection, tid: uuid.UUID, after_seq: int, through_seq: int
 ) -> list[Exchange]:
     """The turns after_seq < seq <= through_seq, oldest first, as a fold reads them."""
-    m = ThreadMessage
-    stmt = (
-        select(m.seq, m.session_id, m.user_query, m.answer, m.artifacts, m.completed_at)
-        .where(m.thread_id == tid, m.seq > after_seq, m.seq <= through_seq)
-        .order_by(m.seq)
-    )
-    return [Exchange.from_row(row) for row in session.execute(stmt)]
+    params = {"tid": tid, "after": after_seq, "through": through_seq}
+    return [Exchange.from_row(row) for row in conn.execute(_turns_statement(), params)]
 
 
-def unfolded_sizes(
-    session: Session, tid: uuid.UUID, after_seq: int, through_seq: int
-) -> list[tuple[int, int]]:
-    """(seq, turn_size) of the turns after_seq < seq <= through_seq, oldest first."""
-    return [(t.seq, turn_size(t)) for t in unfolded_turns(session, tid, after_seq, through_seq)]
-
-
-def correct_counter(session: Session, tid: uuid.UUID, token: uuid.UUID, drift: int) -> None:
+def correct_counter(conn: Connection, tid: uuid.UUID, token: uuid.UUID, drift: int) -> None:
     """Take `drift` (the counter at the lease minus the sizes of the turns it covered) off
     `unfolded_tokens`, under our lease. A delta, not a value: turns stored since the lease
-    have added their own sizes and keep them."""
+    have added their own sizes and keep them. One statement, atomic by itself."""
     if drift == 0:
         return
-    t = ConversationThread
-    session.execute(
+    t = cast_table(ConversationThread)
+    conn.execute(
         update(t)
-        .where(t.id == tid, t.fold_lease_token == token)
-        .values(unfolded_tokens=func.greatest(t.unfolded_tokens - drift, 0))
+        .where(t.c.id == tid, t.c.fold_lease_token == token)
+        .values(unfolded_tokens=func.greatest(t.c.unfolded_tokens - drift, 0))
     )
 
 
@@ -143,11 +146,13 @@ def token_upto(
     trigger = memory.fold_token_trigger
     if trigger <= 0 or lease.last_seq - lease.through < 2:
         return TokenPlan(None)
-    with memory.session_factory() as session:
-        turns = unfolded_turns(session, tid, lease.through, lease.last_seq)
+    # Autocommit: one round trip per statement, no BEGIN/COMMIT. The rows read never change
+    # once stored, and the correction is a delta under our lease: no transaction needed.
+    with memory.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        turns = unfolded_turns(conn, tid, lease.through, lease.last_seq)
         sizes = [(t.seq, turn_size(t)) for t in turns]
         exact = min(sum(n for _, n in sizes), UNFOLDED_TOKENS_CAP)  # as a claim would count
-        correct_counter(session, tid, token, lease.unfolded_tokens - exact)
+        correct_counter(conn, tid, token, lease.unfolded_tokens - exact)
     upto = token_fold_upto(sizes, trigger)
     if upto is not None:
         upto = min(upto, lease.through + memory.max_unfolded_messages)

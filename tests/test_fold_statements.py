@@ -174,8 +174,9 @@ def test_a_lease_on_no_thread_takes_nothing() -> None:
 def test_a_fold_opens_one_transaction_its_lease_and_summary_commit_on_their_own(
     redis_client: redis.Redis,
 ) -> None:
-    """The lease and the compare-and-set are one autocommitted statement each: the only
-    BEGIN of a fold that folds is the read of its turns."""
+    """The lease and the compare-and-set are one autocommitted statement each, outside
+    SQLAlchemy's connections: the one connection a fold that folds begins on is the read of
+    its turns (autocommit there too: the rows never change once stored)."""
     no_llm: dict[str, Any] = {"openai_base_url": None, "openai_api_key": None}
     settings_ = Settings(
         _env_file=None, langfuse_public_key=None, langfuse_secret_key=None, **no_llm
