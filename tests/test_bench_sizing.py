@@ -21,8 +21,9 @@ import redis
 from sqlalchemy import text
 
 from memory_core.bench import sizing
+from memory_core.bench.bench_worker import bench_worker, check_worker_options
 from memory_core.bench.sizing import Point, bench_sizing, command_line, parse_points
-from memory_core.bench.workers_bench import WorkersBench, bench_worker, check_worker_options
+from memory_core.bench.workers_bench import WorkersBench
 from memory_core.cli.bench import bench_sizing_cmd
 from memory_core.db import get_engine
 from memory_core.fold_publisher import WORKER_APP

@@ -30,9 +30,11 @@ from pathlib import Path
 from statistics import median
 from typing import TYPE_CHECKING
 
+from memory_core.bench.bench_worker import POOLS, check_worker_options
 from memory_core.bench.broker_adapters import without_credentials
 from memory_core.bench.common import json_logs_to_devnull, machine
-from memory_core.bench.workers_bench import POOLS, WorkersBench, check_worker_options
+from memory_core.bench.fold_bench import FoldBench
+from memory_core.bench.workers_bench import WorkersBench
 from memory_core.queues import FINALIZE_QUEUE, FOLD_QUEUE, is_amqp
 
 if TYPE_CHECKING:
@@ -144,7 +146,7 @@ def _finalize_point(
 def _fold_point(
     p: Point, *, database_url: str, redis_url: str, broker_url: str, folds: int, latency_s: float
 ) -> tuple[dict[str, float], dict[str, str]]:
-    bench = WorkersBench(
+    bench = FoldBench(
         database_url,
         redis_url,
         broker_url,

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 
 from memory_core.bench.broker_adapters import resolve_broker
 from memory_core.bench.common import json_logs_to_devnull, machine
-from memory_core.bench.workers_bench import WorkersBench
+from memory_core.bench.fold_bench import FoldBench
 from memory_core.bench.workers_report import (
     COMMAND,
     brokers_header,
@@ -52,7 +52,7 @@ def _run(
     """One run on one broker: its figures, the folds of the long thread (if measured), and what
     the report names (versions, worker command, broker)."""
     started = time.perf_counter()
-    bench = WorkersBench(database_url, redis_url, broker_url, jobs)
+    bench = FoldBench(database_url, redis_url, broker_url, jobs)
     try:
         with json_logs_to_devnull():
             calls, folds = bench.fold_arithmetic() if fold_arithmetic else (0, {})

@@ -6,11 +6,11 @@ The bench worker's shape is an option (`agent-memory bench sizing` sweeps it): p
 prefetch multiplier and queues. The defaults are the worker `bench workers` always ran
 (prefork, -c 2, prefetch 1, both queues). A worker on `memory.finalize` alone gets threads that
 fold no turn of the run (no fold job is published for a worker nobody runs); a worker on
-`memory.fold` alone is timed by `fold_throughput`."""
+`memory.fold` alone is timed by `FoldBench.fold_throughput` (fold_bench.py); the worker's
+shape is checked by bench_worker.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -23,28 +23,27 @@ from datetime import datetime
 from pathlib import Path
 from statistics import median
 from typing import Any
-from unittest.mock import patch
 
 import celery
 import psycopg2
-from kombu.transport.memory import Channel as MemoryChannel
 from sqlalchemy.engine import make_url
 
-from memory_core.bench.broker_adapters import RedisBroker, open_broker, render_envelopes
+from memory_core.bench.bench_worker import (
+    NOOP_TASK,
+    bench_worker,
+    check_worker_options,
+    task_times_ms,
+)
+from memory_core.bench.broker_adapters import open_broker, render_envelopes
 from memory_core.bench.common import BASE_TIME, LOAD_TURNS, snapshot
 from memory_core.conversation_memory import RedisConversationMemory
 from memory_core.devservices.fake_llm import FakeLLMServer
 from memory_core.devservices.poll import wait_for
-from memory_core.devservices.workers import QUEUES, WorkerProcess
-from memory_core.folding import Folder
+from memory_core.devservices.workers import QUEUES
 from memory_core.queues import FINALIZE_QUEUE, FINALIZE_TASK, FOLD_QUEUE, FOLD_TASK
 from memory_core.redis_client import make_redis
-from memory_core.session_handler import save_session_to_thread_safe
 from memory_core.settings import Settings
-from memory_core.summarizer import ConversationSummarizer
-from memory_core.tokens import count_tokens
 
-NOOP_TASK = "memory.bench_noop"
 MAX_THREADS, PRELOAD, TURNS_PER_THREAD = 100, 20, 20
 THRESHOLD, RECENT = 20, 10  # the documented fold arithmetic, fixed for the bench
 LONG_THREAD = 300
@@ -54,67 +53,7 @@ ROUNDS = "FNNFFNNF"
 _THREAD = """INSERT INTO conversation_threads
   (id, owner_id, agent_type, title, summary, summary_through_seq, last_seq)
 VALUES (%(id)s, %(owner)s, 'chat', 'bench', %(summary)s, %(through)s, %(n)s)"""
-_SUCCEEDED = re.compile(r"Task (\S+)\[[^\]]+\] succeeded in ([0-9.e-]+)s")
 _RECEIVED = re.compile(r"^Task \S+\[[^\]]+\] received$")
-POOLS = ("prefork", "threads", "gevent", "solo")
-_FOLDED = """SELECT count(*) FROM conversation_threads
-WHERE id = ANY(%s::uuid[]) AND summary_through_seq > 0"""
-
-
-def check_worker_options(pool: str, concurrency: int, prefetch: int, queues: str) -> None:
-    """Refuse a bench worker shape Celery would not run as asked (ValueError), or a pool whose
-    library is not installed (RuntimeError)."""
-    if pool not in POOLS:
-        raise ValueError(f"unknown pool {pool!r}: one of {', '.join(POOLS)}")
-    if concurrency < 1:
-        raise ValueError(f"concurrency must be at least 1, got {concurrency}")
-    if pool == "solo" and concurrency != 1:
-        raise ValueError("the solo pool runs one job at a time: concurrency must be 1")
-    if prefetch < 1:
-        raise ValueError(
-            f"prefetch multiplier must be at least 1 (0 means no limit), got {prefetch}"
-        )
-    wanted = [q for q in queues.split(",") if q]
-    if not wanted or set(wanted) - {FINALIZE_QUEUE, FOLD_QUEUE}:
-        raise ValueError(f"queues must be among {QUEUES}, got {queues!r}")
-    if pool == "gevent" and importlib.util.find_spec("gevent") is None:
-        raise RuntimeError("the gevent pool needs gevent: pip install 'agent-memory[bench]'")
-
-
-def bench_worker(
-    log_dir: Path,
-    *,
-    name: str,
-    env: dict[str, str],
-    pool: str = "prefork",
-    concurrency: int = 2,
-    prefetch: int = 1,
-    queues: str = QUEUES,
-) -> WorkerProcess:
-    """The bench's worker (not started): `WorkerProcess` with the bench tasks loaded and the
-    pool, concurrency, prefetch multiplier and queues asked for."""
-    check_worker_options(pool, concurrency, prefetch, queues)
-    worker = WorkerProcess(
-        log_dir,
-        name=name,
-        queues=queues,
-        concurrency=concurrency,
-        pool=pool,
-        extra_args=["-I", "memory_core.bench.tasks"],
-        env=env,
-    )
-    if prefetch != 1:  # WorkerProcess passes `--prefetch-multiplier 1`: replace its value
-        for args in (worker.options, worker.argv):
-            args[args.index("--prefetch-multiplier") + 1] = str(prefetch)
-    return worker
-
-
-def _task_times_ms(log: str) -> dict[str, list[float]]:
-    """Time inside each task (ms) by task name, from the worker's `succeeded in` lines."""
-    times: dict[str, list[float]] = {FINALIZE_TASK: [], FOLD_TASK: [], NOOP_TASK: []}
-    for m in _SUCCEEDED.finditer(log):
-        times.setdefault(m.group(1), []).append(1000 * float(m.group(2)))
-    return times
 
 
 class WorkersBench:
@@ -241,31 +180,6 @@ class WorkersBench:
             f"PostgreSQL {pg // 10000}.{pg % 10000}, Redis {rv}, Celery {celery.__version__}; "
             f"broker {self.broker.version()}"
         )
-
-    def fold_arithmetic(self) -> tuple[int, dict[int, int]]:
-        """In-process: LLM calls after 100 turns, and each fold's prompt tokens by its turn.
-
-        Fold requests go to an in-memory broker and the fold runs inline. (The publisher is a
-        Celery app: CELERY_BROKER_URL in the environment wins over its broker argument.)
-        """
-        update = {"openai_base_url": self.llm.base_url, "openai_api_key": "sk-bench"}
-        summarizer = ConversationSummarizer(self.settings.model_copy(update=update))
-        folder, requests = Folder(self.memory, summarizer), self.llm.requests
-        tid, calls_100, folds = uuid.uuid4(), 0, dict[int, int]()
-        self.threads.append(tid)
-        for n in range(1, LONG_THREAD + 1):
-            with patch.dict(os.environ, CELERY_BROKER_URL="memory://"):
-                out = save_session_to_thread_safe(snapshot(tid, n, self.owner), memory=self.memory)
-            if out.status != "saved":
-                raise RuntimeError(f"in-process save of turn {n} failed: {out}")
-            if out.fold_published:
-                before = len(requests)
-                if (fold := folder.fold(tid)).status != "folded":
-                    raise RuntimeError(f"fold at turn {n} did not fold: {fold}")
-                messages = [m for body in requests[before:] for m in body["messages"]]
-                folds[n] = sum(count_tokens(str(m.get("content") or "")) for m in messages)
-            calls_100 = len(requests) if n == 100 else calls_100
-        return calls_100, folds
 
     def _backlog(self) -> int:
         """Jobs queued or delivered-but-unacked: exact on Redis; on RabbitMQ the ready ones, or
@@ -454,7 +368,7 @@ class WorkersBench:
         with self.worker.log_path.open("rb") as f:
             f.seek(log_from)
             log = f.read().decode(errors="replace")
-        times = _task_times_ms(log)
+        times = task_times_ms(log)
         fold_ms, finalize_ms = sum(times[FOLD_TASK]), sum(times[FINALIZE_TASK])
         enqueued = sum(n for n, _, _ in self.enqueued)
         pickups = self._pickups_ms(log)  # per round, in the order ROUNDS
@@ -482,58 +396,4 @@ class WorkersBench:
             # The worker's own CPU (not Postgres's or Redis's), folds included on the F side.
             "cpu_ms.finalize_per_job": 1000 * spent["cpu_F"] / self.jobs,
             "cpu_ms.noop_per_job": 1000 * spent["cpu_N"] / self.jobs,
-        }
-
-    def _folded(self, tids: list[uuid.UUID]) -> int:
-        return int(self._sql(_FOLDED, [[str(t) for t in tids]])[0])
-
-    def _push_folds(self, tids: list[uuid.UUID]) -> float:
-        """One `memory.fold_thread` job per thread, rendered as `send_task` writes it (untimed),
-        then pushed onto `memory.fold` in one LPUSH; returns the time of the push."""
-        if not isinstance(self.broker, RedisBroker):
-            raise ValueError("fold throughput is measured on a Redis broker (redis://)")
-        app = celery.Celery("agent-memory-bench", set_as_current=False)
-        with app.connection_for_write("memory://") as conn:  # explicit: CELERY_BROKER_URL wins
-            producer = app.amqp.Producer(conn)
-            for tid in tids:
-                app.send_task(FOLD_TASK, args=[str(tid)], queue=FOLD_QUEUE, producer=producer)
-            box = MemoryChannel.queues[FOLD_QUEUE]
-            messages = [json.dumps(box.get_nowait()).encode() for _ in tids]
-        t0 = time.perf_counter()
-        self.broker.client.lpush(FOLD_QUEUE, *messages)
-        return t0
-
-    def fold_throughput(self, folds: int, llm_latency_s: float) -> dict[str, float]:
-        """Fold jobs/s through a worker on `memory.fold` alone (Redis broker): `folds` threads of
-        PRELOAD + 1 turns, none folded (a fold of 11 turns due in each), one fold job each,
-        pushed at once. The fake LLM holds every request `llm_latency_s` before it answers.
-        Timed from the push until every thread's summary is stored and the broker is empty.
-        Untimed before: one fold per worker slot (at most 8), at the same latency."""
-        if self.serves_finalize or not self.serves_fold:
-            raise ValueError(f"fold throughput needs a worker on {FOLD_QUEUE} alone")
-        if folds < 1 or llm_latency_s < 0:
-            raise ValueError("folds must be at least 1 and the LLM latency at least 0")
-        if llm_latency_s > 0:
-            self.llm.delay_s = llm_latency_s
-            self.llm.set_mode("timeout")  # holds each request delay_s, then answers as "ok"
-        limit = 60 + folds * (llm_latency_s + 0.1)  # one fold at a time, and then some
-        self._start_worker()
-        warm = self._preload(min(self.concurrency, 8), turns=PRELOAD + 1)
-        self._push_folds(warm)
-        self.wait(lambda: self._folded(warm) == len(warm) and self._drained(), limit, "warm-up")
-        tids = self._preload(folds, turns=PRELOAD + 1)
-        log_from, llm_from = self.worker.log_path.stat().st_size, len(self.llm.requests)
-        cpu = self._cpu_s()
-        t0 = self._push_folds(tids)
-        t1 = self.wait(lambda: self._folded(tids) == folds and self._drained(), limit, "folds")
-        cpu = self._cpu_s() - cpu
-        with self.worker.log_path.open("rb") as f:
-            f.seek(log_from)
-            times = _task_times_ms(f.read().decode(errors="replace"))
-        return {
-            "fold.jobs_s": folds / (t1 - t0),
-            "fold.folded": float(self._folded(tids)),
-            "fold.llm_calls": float(len(self.llm.requests) - llm_from),
-            "task.fold_thread_p50_ms": median(times[FOLD_TASK] or [0]),
-            "cpu_ms.fold_per_job": 1000 * cpu / folds,
         }

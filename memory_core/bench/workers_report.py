@@ -7,9 +7,9 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from statistics import median
 
+from memory_core.bench.bench_worker import NOOP_TASK
 from memory_core.bench.broker_adapters import BROKER_NAMES, without_credentials
 from memory_core.bench.common import machine
-from memory_core.bench.workers_bench import NOOP_TASK
 
 COMMAND = "agent-memory bench workers"
 # The folds compared for prompt growth; LangChain's summary buffer's LLM calls per 100 turns.
