@@ -27,7 +27,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import insert
 
-from memory_core.models import ConversationThread, ThreadMessage
+from memory_core.models import ConversationThread, ThreadMessage, no_live_lease
 
 # The unique constraint a redelivered turn runs into (its session_id is stored already).
 SESSION_CONSTRAINT = "uq_thread_messages_session_id"
@@ -162,7 +162,7 @@ def stored_turn_statement() -> Any:
     message for a fold already queued is harmless: the later one finds it done)."""
     m, t = cast_table(ThreadMessage), cast_table(ConversationThread)
     cols = ("thread_id", "seq", "session_id", "user_query", "answer", "artifacts", "completed_at")
-    unleased = t.c.fold_lease_until.is_(None) | (t.c.fold_lease_until < func.now())
+    unleased = no_live_lease(t.c.fold_lease_until)
     # A failed fold's retry is due later (its backoff) and carried by Celery: not unclaimed.
     unclaimed = (t.c.fold_due_at <= func.now()) & unleased
     return (

@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import Integer, Text, bindparam, case, func, update
 
 from memory_core.claim import cast_table
-from memory_core.models import ConversationThread
+from memory_core.models import ConversationThread, no_live_lease
 
 __all__ = ["lease_statement", "store_statement"]
 
@@ -29,7 +29,7 @@ def lease_statement() -> Any:
     t = cast_table(ConversationThread)
     token = bindparam("token", type_=t.c.fold_lease_token.type)
     lease_s = func.make_interval(0, 0, 0, 0, 0, 0, bindparam("lease_s", type_=Integer))
-    free = t.c.fold_lease_until.is_(None) | (t.c.fold_lease_until < func.now())
+    free = no_live_lease(t.c.fold_lease_until)
     return (
         update(t)
         .where(

@@ -29,7 +29,7 @@ from memory_core.conversation_memory import RedisConversationMemory
 from memory_core.fold_publisher import publish_fold
 from memory_core.logs import get_logger
 from memory_core.metrics import FOLDS_REPUBLISHED
-from memory_core.models import ConversationThread
+from memory_core.models import ConversationThread, no_live_lease
 
 log = get_logger(__name__)
 
@@ -47,7 +47,7 @@ def lost_folds(memory: RedisConversationMemory, *, limit: int = SWEEP_BATCH) -> 
     """Take up to `limit` lost folds, oldest request first: stamp them due now and commit."""
     t = ConversationThread
     grace = func.make_interval(0, 0, 0, 0, 0, 0, memory.settings.memory_fold_republish_grace_s)
-    unleased = t.fold_lease_until.is_(None) | (t.fold_lease_until < func.now())
+    unleased = no_live_lease(t.fold_lease_until)
     lost = (
         select(t.id)
         .where(t.fold_due_at < func.now() - grace, unleased)

@@ -39,6 +39,13 @@ from sqlalchemy.orm import Mapped, Session, mapped_column
 from memory_core.db import Base
 
 
+def no_live_lease(lease_until: Any) -> Any:
+    """No fold holds the thread: no lease, or an expired one (`conversation_threads.
+    fold_lease_until`, as a Core column or the mapped attribute). The lease, the finalize's
+    redelivery and the sweep of lost folds must agree on it."""
+    return lease_until.is_(None) | (lease_until < func.now())
+
+
 class ConversationThread(Base):
     """One row per thread: owner, agent type, title, archive flags and the running summary."""
 
