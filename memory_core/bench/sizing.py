@@ -23,22 +23,19 @@ from __future__ import annotations
 
 import importlib.util
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from statistics import median
-from typing import TYPE_CHECKING
 
-from memory_core.bench.bench_worker import POOLS, check_worker_options
+from memory_core.bench.bench_worker import check_worker_options
 from memory_core.bench.broker_adapters import without_credentials
 from memory_core.bench.common import json_logs_to_devnull, machine
 from memory_core.bench.fold_bench import FoldBench
+from memory_core.bench.sizing_plot import draw_plot
 from memory_core.bench.workers_bench import WorkersBench
 from memory_core.queues import FINALIZE_QUEUE, FOLD_QUEUE, is_amqp
-
-if TYPE_CHECKING:
-    from matplotlib.axes import Axes
 
 COMMAND = "agent-memory bench sizing"
 DEFAULT_FINALIZE = "prefork:1,2,4,8;threads:4,8,16;gevent:8,32;prefork:4@4"
@@ -46,7 +43,6 @@ DEFAULT_FOLD = "prefork:2,4;threads:8,32;gevent:32"
 DEFAULT_JOBS, DEFAULT_FOLDS, DEFAULT_LATENCY_S = 800, 48, 0.5
 DEFAULT_PLOT = Path("docs/bench/sizing-throughput.png")
 INSTALL_HINT = "pip install 'agent-memory[bench]'"
-COLORS = {"prefork": "#1f77b4", "threads": "#ff7f0e", "gevent": "#2ca02c", "solo": "#7f7f7f"}
 
 
 @dataclass(frozen=True)
@@ -281,25 +277,9 @@ def bench_sizing(
     if not fin and not fol:
         raise ValueError("no point to measure: --finalize and --fold are both empty")
     started = time.perf_counter()
-    result = SizingResult()
-    plan = [("finalize", p) for p in fin] + [("fold", p) for p in fol]
-    metas: dict[str, dict[str, str]] = {}
     urls = {"database_url": database_url, "redis_url": redis_url, "broker_url": broker_url}
-    for n in range(repeat):
-        for i, (queue, p) in enumerate(plan if n % 2 == 0 else list(reversed(plan))):
-            if queue == "finalize":
-                r, meta = _finalize_point(p, jobs=jobs, **urls)
-                result.finalize.setdefault(p, []).append(r)
-                got = f"finalize {r['finalize.jobs_s']:,.0f}/s, no-op {r['noop.jobs_s']:,.0f}/s"
-            else:
-                r, meta = _fold_point(p, folds=folds, latency_s=llm_latency_s, **urls)
-                result.fold.setdefault(p, []).append(r)
-                got = f"{r['fold.jobs_s']:,.1f} folds/s"
-            metas.setdefault(queue, meta)
-            out(f"pass {n + 1}/{repeat}, point {i + 1}/{len(plan)}: {queue} {p.label}: {got}")
-    # Tables in the order the points were named, whatever order the last pass ran them in.
-    result.finalize = {p: result.finalize[p] for p in fin}
-    result.fold = {p: result.fold[p] for p in fol}
+    sweep = _Sweep(urls, jobs=jobs, folds=folds, latency_s=llm_latency_s, out=out)
+    result, metas = sweep.run(fin, fol, repeat)
     wall_s = time.perf_counter() - started
     lines = result.lines
     command = command_line(
@@ -320,26 +300,7 @@ def bench_sizing(
         *fin_notes,
         *fold_notes,
     ]
-    if fin:
-        meta = metas["finalize"]
-        lines += [
-            "",
-            f"finalize workers: a worker on {FINALIZE_QUEUE} alone, e.g. `{meta['worker']}`; "
-            f"jobs={jobs} per point over {meta['threads']} threads (no turn folds), "
-            "rounds F N N F F N N F",
-            "",
-            *finalize_table(result.finalize, jobs),
-        ]
-    if fol:
-        meta = metas["fold"]
-        lines += [
-            "",
-            f"fold workers: a worker on {FOLD_QUEUE} alone, e.g. `{meta['worker']}`; "
-            f"folds={folds} per point (11 turns each, one job per thread, pushed at once); the "
-            f"fake LLM answers each request after {llm_latency_s:g} s",
-            "",
-            *fold_table(result.fold, folds, llm_latency_s),
-        ]
+    lines += _tables(result, metas, jobs=jobs, folds=folds, latency_s=llm_latency_s)
     if plot is not None:
         title = f"{COMMAND} · {lines[1]}\n{machine()}"
         result.plot = draw_plot(result, plot, title=title, latency_s=llm_latency_s)
@@ -349,67 +310,73 @@ def bench_sizing(
     return result
 
 
-def _x_axis(ax: Axes, points: Sequence[Point]) -> None:
-    ticks = sorted({p.concurrency for p in points})
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(ticks, [str(t) for t in ticks])
-    ax.minorticks_off()
-    ax.set_xlabel("worker concurrency (-c)")
-    ax.grid(True, alpha=0.3)
+@dataclass
+class _Sweep:
+    """The points run `repeat` times, the order reversed every other pass (drift on the host
+    falls on every point alike); a line per point as it ends."""
 
+    urls: dict[str, str]
+    jobs: int
+    folds: int
+    latency_s: float
+    out: Callable[[str], None]
 
-def _lines_per_pool(
-    ax: Axes, runs: dict[Point, list[dict[str, float]]], key: str, what: str, *, hollow: bool
-) -> None:
-    """One line per pool (prefetch 1), the other prefetch settings as single stars; `hollow`:
-    dashed, with hollow markers (the no-op beside finalize)."""
-    face = "white" if hollow else None  # None: the line's color
-    for pool in POOLS:
-        pts = [p for p in runs if p.pool == pool and p.prefetch == 1]
-        pts.sort(key=lambda p: p.concurrency)
-        if pts:
-            ys = [median(r[key] for r in runs[p]) for p in pts]
-            xs = [p.concurrency for p in pts]
-            style = "--" if hollow else "-"
-            label = f"{what}, {pool}"
-            ax.plot(xs, ys, style, color=COLORS[pool], marker="o", label=label, mfc=face)
-    for p, rs in runs.items():
-        if p.prefetch != 1:
-            y = median(r[key] for r in rs)
-            label = f"{what}, {p.pool} -c {p.concurrency} prefetch {p.prefetch}"
-            ax.plot([p.concurrency], [y], "*", color=COLORS[p.pool], ms=13, label=label, mfc=face)
+    def run(
+        self, fin: list[Point], fol: list[Point], repeat: int
+    ) -> tuple[SizingResult, dict[str, dict[str, str]]]:
+        result = SizingResult()
+        plan = [("finalize", p) for p in fin] + [("fold", p) for p in fol]
+        metas: dict[str, dict[str, str]] = {}
+        for n in range(repeat):
+            for i, (queue, p) in enumerate(plan if n % 2 == 0 else list(reversed(plan))):
+                got, meta = self._point(result, queue, p)
+                metas.setdefault(queue, meta)
+                self.out(
+                    f"pass {n + 1}/{repeat}, point {i + 1}/{len(plan)}: {queue} {p.label}: {got}"
+                )
+        # Tables in the order the points were named, whatever order the last pass ran them in.
+        result.finalize = {p: result.finalize[p] for p in fin}
+        result.fold = {p: result.fold[p] for p in fol}
+        return result, metas
 
-
-def draw_plot(result: SizingResult, path: Path, *, title: str, latency_s: float) -> Path:
-    """finalize and no-op jobs/s vs concurrency, one line per pool; fold jobs/s beside it."""
-    require_matplotlib()
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    panels = [q for q, runs in (("finalize", result.finalize), ("fold", result.fold)) if runs]
-    fig = Figure(figsize=(6.2 * len(panels), 5.4), dpi=110, layout="constrained")
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(1, len(panels), squeeze=False)[0]
-    for ax, queue in zip(axes, panels, strict=True):
+    def _point(self, result: SizingResult, queue: str, p: Point) -> tuple[str, dict[str, str]]:
         if queue == "finalize":
-            _lines_per_pool(ax, result.finalize, "finalize.jobs_s", "finalize", hollow=False)
-            _lines_per_pool(ax, result.finalize, "noop.jobs_s", "no-op", hollow=True)
-            ax.set_title(f"{FINALIZE_QUEUE}: jobs/s through one worker")
-            _x_axis(ax, list(result.finalize))
-        else:
-            _lines_per_pool(ax, result.fold, "fold.jobs_s", "folds", hollow=False)
-            if latency_s > 0:
-                cs = sorted({p.concurrency for p in result.fold})
-                ceiling = [c / latency_s for c in cs]
-                ax.plot(cs, ceiling, ":", color="#7f7f7f", label=f"ceiling c / {latency_s:g} s")
-                top = max(median(r["fold.jobs_s"] for r in rs) for rs in result.fold.values())
-                ax.set_ylim(0, top * 1.6)  # the ceiling runs off the top: the measured matter
-            ax.set_title(f"{FOLD_QUEUE}: folds/s, LLM answering after {latency_s:g} s")
-            _x_axis(ax, list(result.fold))
-        ax.set_ylim(bottom=0)
-        ax.set_ylabel("jobs/s")
-        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3)
-    fig.suptitle(title, fontsize=8)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    return path
+            r, meta = _finalize_point(p, jobs=self.jobs, **self.urls)
+            result.finalize.setdefault(p, []).append(r)
+            return f"finalize {r['finalize.jobs_s']:,.0f}/s, no-op {r['noop.jobs_s']:,.0f}/s", meta
+        r, meta = _fold_point(p, folds=self.folds, latency_s=self.latency_s, **self.urls)
+        result.fold.setdefault(p, []).append(r)
+        return f"{r['fold.jobs_s']:,.1f} folds/s", meta
+
+
+def _tables(
+    result: SizingResult,
+    metas: dict[str, dict[str, str]],
+    *,
+    jobs: int,
+    folds: int,
+    latency_s: float,
+) -> list[str]:
+    """The table of each queue measured, with the worker it ran and what a point is."""
+    lines: list[str] = []
+    if result.finalize:
+        meta = metas["finalize"]
+        lines += [
+            "",
+            f"finalize workers: a worker on {FINALIZE_QUEUE} alone, e.g. `{meta['worker']}`; "
+            f"jobs={jobs} per point over {meta['threads']} threads (no turn folds), "
+            "rounds F N N F F N N F",
+            "",
+            *finalize_table(result.finalize, jobs),
+        ]
+    if result.fold:
+        meta = metas["fold"]
+        lines += [
+            "",
+            f"fold workers: a worker on {FOLD_QUEUE} alone, e.g. `{meta['worker']}`; "
+            f"folds={folds} per point (11 turns each, one job per thread, pushed at once); the "
+            f"fake LLM answers each request after {latency_s:g} s",
+            "",
+            *fold_table(result.fold, folds, latency_s),
+        ]
+    return lines
