@@ -28,7 +28,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any
 
 from sqlalchemy import case, func, select, update
 from sqlalchemy.exc import InterfaceError, OperationalError
@@ -39,6 +39,7 @@ from memory_core.context import Exchange
 from memory_core.conversation_memory import RedisConversationMemory
 from memory_core.db import describe_db_error, retry_on_disconnect
 from memory_core.fast_write import execute_autocommit
+from memory_core.fold_outcome import FoldOutcome, Summarizer, backoff_delay
 from memory_core.fold_statements import lease_statement, store_statement
 from memory_core.fold_tokens import token_due, token_upto
 from memory_core.llm_free_fold import LLM_FREE_LABEL, LLM_FREE_TARGET_TOKENS, llm_free_fold
@@ -71,46 +72,6 @@ __all__ = [
 
 # Errors meaning "Postgres is unreachable": the task retries the job; nothing is counted.
 POSTGRES_DOWN = (OperationalError, InterfaceError)
-BACKOFF_BASE_S = 60
-BACKOFF_CAP_S = 3600
-
-
-def backoff_delay(attempt: int) -> int:
-    """Delay before retry number `attempt` (1-based): 60, 120, 240, ... capped at 3600 s."""
-    return int(min(BACKOFF_BASE_S * 2 ** (max(attempt, 1) - 1), BACKOFF_CAP_S))
-
-
-class Summarizer(Protocol):
-    def summarize(
-        self, *, thread_id: str, previous_summary: str | None, exchanges: list[Exchange]
-    ) -> SummaryLike: ...
-
-
-class SummaryLike(Protocol):
-    @property
-    def text(self) -> str: ...
-    @property
-    def prompt(self) -> str: ...
-
-
-FoldStatus = Literal["folded", "noop", "busy", "lost", "failed", "missing"]
-
-
-@dataclass(frozen=True)
-class FoldOutcome:
-    status: FoldStatus
-    thread_id: str
-    through_seq: int | None = None
-    folded: int = 0
-    attempt: int = 0
-    retry_in_s: int | None = None
-    error: str | None = None
-    prompt: str | None = None
-    session_id: str | None = None
-    more_pending: bool = False
-    fallback: str | None = None  # why the LLM-free summary was used instead of the LLM's
-    instructions_restored: int = 0  # standing instructions the LLM dropped, put back by code
-    superseded_dropped: int = 0  # superseded ones the LLM kept as current, removed by code
 
 
 @dataclass(frozen=True)
@@ -200,13 +161,7 @@ class Folder:
             # ...until it is clear that retrying the LLM cannot help.
             result = self._llm_free(previous, turns)
             FOLD_FALLBACKS.inc()
-        for kind in ("input", "output"):
-            LLM_TOKENS.labels(kind).inc(getattr(result, f"{kind}_tokens", None) or 0)
-        carried = CarriedForward(result.text)
-        if result.prompt != LLM_FREE_LABEL:  # the LLM-free fold carries them by construction
-            carried = carry_forward(previous, turns, result.text)
-            INSTRUCTIONS.labels("restored").inc(carried.restored)
-            INSTRUCTIONS.labels("superseded_dropped").inc(carried.superseded_dropped)
+        carried = self._carried(previous, turns, result)
         new_summary = self._stored_summary(carried.text, turns)
         if folded is None:  # read without their sizes; these are the turns folded
             on = self.memory.fold_token_trigger > 0
@@ -223,12 +178,39 @@ class Folder:
         if not won:
             return FoldOutcome("lost", str(tid), through_seq=lease.through)
         self.memory.refresh_summary(lease.owner, tid, new_summary, upto)
+        return self._folded(
+            tid, upto, turns, result.prompt, carried, fallback=fallback, again=again
+        )
+
+    @staticmethod
+    def _carried(previous: str | None, turns: list[Exchange], result: Any) -> CarriedForward:
+        """The standing instructions the new summary must keep (counted), and the token counts."""
+        for kind in ("input", "output"):
+            LLM_TOKENS.labels(kind).inc(getattr(result, f"{kind}_tokens", None) or 0)
+        if result.prompt == LLM_FREE_LABEL:  # the LLM-free fold carries them by construction
+            return CarriedForward(result.text)
+        carried = carry_forward(previous, turns, result.text)
+        INSTRUCTIONS.labels("restored").inc(carried.restored)
+        INSTRUCTIONS.labels("superseded_dropped").inc(carried.superseded_dropped)
+        return carried
+
+    @staticmethod
+    def _folded(
+        tid: uuid.UUID,
+        upto: int,
+        turns: list[Exchange],
+        prompt: str,
+        carried: CarriedForward,
+        *,
+        fallback: str | None,
+        again: bool,
+    ) -> FoldOutcome:
         log.info(
             "memory.folded",
             thread_id=str(tid),
             through_seq=upto,
             folded=len(turns),
-            prompt=result.prompt,
+            prompt=prompt,
             fallback=fallback,
             instructions_restored=carried.restored,
             superseded_dropped=carried.superseded_dropped,
@@ -238,7 +220,7 @@ class Folder:
             str(tid),
             through_seq=upto,
             folded=len(turns),
-            prompt=result.prompt,
+            prompt=prompt,
             session_id=str(turns[-1].session_id),
             more_pending=again,
             fallback=fallback,
