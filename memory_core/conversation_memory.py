@@ -98,14 +98,7 @@ class RedisConversationMemory(MemoryClients):
             or s.memory_max_unfolded_messages
             or 2 * self.compression_threshold
         )
-        if self.max_unfolded_messages < 2 * self.compression_threshold:
-            raise ValueError("max_unfolded_messages must be at least 2 x compression_threshold")
-        if self.max_recent_messages >= self.compression_threshold:
-            raise ValueError("max_recent_messages must be below compression_threshold")
-        if self.fold_token_trigger < 0:
-            raise ValueError("fold_token_trigger must be 0 (off) or a positive number of tokens")
-        if not 0 < self.ttl_hours <= 876_000:  # also refuses NaN; at most 100 years
-            raise ValueError("ttl_hours must be a positive number of hours (at most 876000)")
+        self._check_limits()
         self._init_clients(s, redis_client, engine, async_redis, async_engine)
         # Parsed contexts by copy version: a hit on an unchanged copy skips re-validation.
         # Bounded in entries and in bytes (of the copies' stored JSON).
@@ -125,6 +118,17 @@ class RedisConversationMemory(MemoryClients):
             f"{where.get('host', where.get('path'))}:{where.get('port')}/{where.get('db')}"
             f"/{self.key_prefix}"
         )
+
+    def _check_limits(self) -> None:
+        """Refuse a fold arithmetic or copy lifetime that cannot work (ValueError)."""
+        if self.max_unfolded_messages < 2 * self.compression_threshold:
+            raise ValueError("max_unfolded_messages must be at least 2 x compression_threshold")
+        if self.max_recent_messages >= self.compression_threshold:
+            raise ValueError("max_recent_messages must be below compression_threshold")
+        if self.fold_token_trigger < 0:
+            raise ValueError("fold_token_trigger must be 0 (off) or a positive number of tokens")
+        if not 0 < self.ttl_hours <= 876_000:  # also refuses NaN; at most 100 years
+            raise ValueError("ttl_hours must be a positive number of hours (at most 876000)")
 
     def _sync_scripts(self) -> dict[str, Any]:
         return self.copy.scripts

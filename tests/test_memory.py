@@ -135,6 +135,23 @@ def test_constructor_arguments_override_settings(
         RedisConversationMemory(redis_client, max_unfolded_messages=10)
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_recent_messages": 20}, "max_recent_messages must be below"),
+        ({"fold_token_trigger": -1}, "fold_token_trigger must be 0"),
+        ({"ttl_hours": 0}, "ttl_hours must be a positive"),
+        ({"ttl_hours": float("nan")}, "ttl_hours must be a positive"),
+        ({"ttl_hours": 876_001}, "ttl_hours must be a positive"),
+    ],
+)
+def test_constructor_refuses_limits_that_cannot_work(
+    redis_client: redis.Redis, kwargs: dict[str, float], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        RedisConversationMemory(redis_client, **kwargs)  # type: ignore[arg-type]
+
+
 def test_parsed_context_cache_never_serves_a_changed_copy(redis_client: redis.Redis) -> None:
     reader = RedisConversationMemory(redis_client)  # e.g. an agent API process
     writer = RedisConversationMemory(redis_client, local_cache_size=0)  # e.g. a worker
