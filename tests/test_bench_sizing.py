@@ -222,3 +222,30 @@ def test_a_tiny_sweep_on_threads_workers(tmp_path: Path) -> None:
             text("SELECT count(*) FROM conversation_threads WHERE owner_id LIKE 'benchw-%'")
         )
     assert left == 0
+
+
+def test_fold_jobs_name_only_the_threads_asked_for_whatever_the_memory_broker_holds() -> None:
+    """The fold arithmetic of `bench workers` publishes its folds to kombu's in-process memory
+    broker; a sweep run after it in the same process took those stale jobs (a deleted
+    thread's) for its own, and its warm-up timed out on folds that found no thread."""
+    import base64
+    import json
+    import uuid
+
+    import celery
+
+    from memory_core.bench.fold_bench import render_fold_jobs
+    from memory_core.queues import FOLD_QUEUE, FOLD_TASK
+
+    stale = celery.Celery("stale", set_as_current=False)
+    with stale.connection_for_write("memory://") as conn:
+        producer = stale.amqp.Producer(conn)
+        for _ in range(3):
+            stale.send_task(
+                FOLD_TASK, args=[str(uuid.uuid4())], queue=FOLD_QUEUE, producer=producer
+            )
+    wanted = [uuid.uuid4() for _ in range(2)]
+    jobs = [json.loads(m) for m in render_fold_jobs(wanted)]
+    args = [json.loads(base64.b64decode(j["body"]))[0] for j in jobs]
+    assert args == [[str(t)] for t in wanted]
+    assert all(j["headers"]["task"] == FOLD_TASK for j in jobs)

@@ -28,6 +28,22 @@ _FOLDED = """SELECT count(*) FROM conversation_threads
 WHERE id = ANY(%s::uuid[]) AND summary_through_seq > 0"""
 
 
+def render_fold_jobs(tids: list[uuid.UUID]) -> list[bytes]:
+    """One `memory.fold_thread` message per thread, as `send_task` writes it to a Redis list.
+
+    Rendered on kombu's in-process memory broker. Whatever an earlier publish of this process
+    left on its `memory.fold` queue is dropped first: the fold arithmetic publishes its folds
+    there, and a sweep run after it took those (other threads', deleted since) for its own."""
+    app = celery.Celery("agent-memory-bench", set_as_current=False)
+    with app.connection_for_write("memory://") as conn:  # explicit: CELERY_BROKER_URL wins
+        MemoryChannel.queues.pop(FOLD_QUEUE, None)
+        producer = app.amqp.Producer(conn)
+        for tid in tids:
+            app.send_task(FOLD_TASK, args=[str(tid)], queue=FOLD_QUEUE, producer=producer)
+        box = MemoryChannel.queues[FOLD_QUEUE]
+        return [json.dumps(box.get_nowait()).encode() for _ in tids]
+
+
 class FoldBench(WorkersBench):
     """`WorkersBench` plus the fold measurements; `close` removes what it created."""
 
@@ -64,13 +80,7 @@ class FoldBench(WorkersBench):
         then pushed onto `memory.fold` in one LPUSH; returns the time of the push."""
         if not isinstance(self.broker, RedisBroker):
             raise ValueError("fold throughput is measured on a Redis broker (redis://)")
-        app = celery.Celery("agent-memory-bench", set_as_current=False)
-        with app.connection_for_write("memory://") as conn:  # explicit: CELERY_BROKER_URL wins
-            producer = app.amqp.Producer(conn)
-            for tid in tids:
-                app.send_task(FOLD_TASK, args=[str(tid)], queue=FOLD_QUEUE, producer=producer)
-            box = MemoryChannel.queues[FOLD_QUEUE]
-            messages = [json.dumps(box.get_nowait()).encode() for _ in tids]
+        messages = render_fold_jobs(tids)
         t0 = time.perf_counter()
         self.broker.client.lpush(FOLD_QUEUE, *messages)
         return t0
