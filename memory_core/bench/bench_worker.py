@@ -7,7 +7,10 @@ anything starts, and what its log says about the time spent inside each task.
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
+from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
 
 from memory_core.devservices.workers import QUEUES, WorkerProcess
@@ -16,6 +19,7 @@ from memory_core.queues import FINALIZE_QUEUE, FINALIZE_TASK, FOLD_QUEUE, FOLD_T
 NOOP_TASK = "memory.bench_noop"
 POOLS = ("prefork", "threads", "gevent", "solo")
 _SUCCEEDED = re.compile(r"Task (\S+)\[[^\]]+\] succeeded in ([0-9.e-]+)s")
+_RECEIVED = re.compile(r"^Task \S+\[[^\]]+\] received$")
 
 
 def check_worker_options(pool: str, concurrency: int, prefetch: int, queues: str) -> None:
@@ -72,3 +76,27 @@ def task_times_ms(log: str) -> dict[str, list[float]]:
     for m in _SUCCEEDED.finditer(log):
         times.setdefault(m.group(1), []).append(1000 * float(m.group(2)))
     return times
+
+
+def pickups_ms(log: str, pushed_at: Sequence[float], log_path: Path) -> list[float]:
+    """For each timed round (the wall-clock time of its first push): until the worker logged
+    receiving a job (the first `Task ... received` after it). The worker is idle when a round
+    starts. `log` is the worker's JSON log; `log_path` names it in the error."""
+    received = []
+    for line in log.splitlines():
+        if '] received"' not in line:
+            continue
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if _RECEIVED.match(str(entry.get("event", ""))) and "timestamp" in entry:
+            received.append(datetime.fromisoformat(entry["timestamp"]).timestamp())
+    received.sort()
+    pickups = []
+    for wall in pushed_at:
+        after = [t for t in received if t >= wall]
+        if not after:
+            raise RuntimeError(f"no `received` line after a round's enqueue in {log_path}")
+        pickups.append(1000 * (after[0] - wall))
+    return pickups

@@ -11,15 +11,12 @@ shape is checked by bench_worker.py."""
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import shutil
 import tempfile
 import time
 import uuid
 from collections.abc import Callable
-from datetime import datetime
 from pathlib import Path
 from statistics import median
 from typing import Any
@@ -32,6 +29,7 @@ from memory_core.bench.bench_worker import (
     NOOP_TASK,
     bench_worker,
     check_worker_options,
+    pickups_ms,
     task_times_ms,
 )
 from memory_core.bench.broker_adapters import open_broker, render_envelopes
@@ -53,7 +51,30 @@ ROUNDS = "FNNFFNNF"
 _THREAD = """INSERT INTO conversation_threads
   (id, owner_id, agent_type, title, summary, summary_through_seq, last_seq)
 VALUES (%(id)s, %(owner)s, 'chat', 'bench', %(summary)s, %(through)s, %(n)s)"""
-_RECEIVED = re.compile(r"^Task \S+\[[^\]]+\] received$")
+
+
+def _threads_for(jobs: int, *, folds: bool) -> int:
+    """Threads the run spreads `jobs` over. On a worker that does not fold, no thread may reach
+    a fold: TURNS_PER_THREAD turns each at most (ValueError past MAX_THREADS of them)."""
+    if folds:
+        return max(1, min(MAX_THREADS, jobs // TURNS_PER_THREAD))
+    if jobs > MAX_THREADS * TURNS_PER_THREAD:
+        raise ValueError(
+            f"a worker on {FINALIZE_QUEUE} alone takes at most "
+            f"{MAX_THREADS * TURNS_PER_THREAD} jobs (no turn of the run may fold)"
+        )
+    return max(1, -(-jobs // TURNS_PER_THREAD))
+
+
+def _bench_memory(settings: Settings) -> RedisConversationMemory:
+    """The memory of the bench's own saves: the documented fold arithmetic, a 1-hour copy."""
+    return RedisConversationMemory(
+        make_redis(settings.redis_url),
+        settings=settings,
+        ttl_hours=1,
+        compression_threshold=THRESHOLD,
+        max_recent_messages=RECENT,
+    )
 
 
 class WorkersBench:
@@ -75,14 +96,7 @@ class WorkersBench:
         self.jobs, self.pool, self.concurrency, self.prefetch = jobs, pool, concurrency, prefetch
         served = set(queues.split(","))
         self.serves_finalize, self.serves_fold = FINALIZE_QUEUE in served, FOLD_QUEUE in served
-        self.n_threads = max(1, min(MAX_THREADS, jobs // TURNS_PER_THREAD))
-        if not self.serves_fold:  # no thread may reach a fold: TURNS_PER_THREAD turns at most
-            if jobs > MAX_THREADS * TURNS_PER_THREAD:
-                raise ValueError(
-                    f"a worker on {FINALIZE_QUEUE} alone takes at most "
-                    f"{MAX_THREADS * TURNS_PER_THREAD} jobs (no turn of the run may fold)"
-                )
-            self.n_threads = max(1, -(-jobs // TURNS_PER_THREAD))
+        self.n_threads = _threads_for(jobs, folds=self.serves_fold)
         tag = uuid.uuid4().hex[:12]
         # Postgres first: the first thing the command's options name, and the first to fail.
         dsn = make_url(database_url).set(drivername="postgresql")
@@ -99,13 +113,7 @@ class WorkersBench:
             langfuse_public_key=None,
             langfuse_secret_key=None,
         )
-        self.memory = RedisConversationMemory(
-            make_redis(redis_url),
-            settings=self.settings,
-            ttl_hours=1,
-            compression_threshold=THRESHOLD,
-            max_recent_messages=RECENT,
-        )
+        self.memory = _bench_memory(self.settings)
         self.threads: list[uuid.UUID] = []  # every thread, for the cleanup
         self.loaded: list[uuid.UUID] = []  # the worker's threads, whose rows are counted
         # For control messages. CELERY_BROKER_URL in the environment would win over `broker=`,
@@ -271,30 +279,6 @@ class WorkersBench:
             self.enqueued.append((len(messages), time.perf_counter() - t0, wall))
         return t0
 
-    def _pickups_ms(self, log: str) -> list[float]:
-        """For each timed round: from its first push until the worker logged receiving a job
-        (the first `Task ... received` after it). The worker is idle when a round starts."""
-        received = []
-        for line in log.splitlines():
-            if '] received"' not in line:
-                continue
-            try:
-                entry = json.loads(line)
-            except ValueError:
-                continue
-            if _RECEIVED.match(str(entry.get("event", ""))) and "timestamp" in entry:
-                received.append(datetime.fromisoformat(entry["timestamp"]).timestamp())
-        received.sort()
-        pickups = []
-        for _, _, wall in self.enqueued:
-            after = [t for t in received if t >= wall]
-            if not after:
-                raise RuntimeError(
-                    f"no `received` line after a round's enqueue in {self.worker.log_path}"
-                )
-            pickups.append(1000 * (after[0] - wall))
-        return pickups
-
     def _drained(self) -> bool:
         return self._backlog() == 0
 
@@ -371,7 +355,8 @@ class WorkersBench:
         times = task_times_ms(log)
         fold_ms, finalize_ms = sum(times[FOLD_TASK]), sum(times[FINALIZE_TASK])
         enqueued = sum(n for n, _, _ in self.enqueued)
-        pickups = self._pickups_ms(log)  # per round, in the order ROUNDS
+        walls = [wall for _, _, wall in self.enqueued]
+        pickups = pickups_ms(log, walls, self.worker.log_path)  # per round, in ROUNDS order
         idle = {"F": 0.0, "N": 0.0}  # seconds from the first push to the first pickup, per side
         for ms, side in zip(pickups, ROUNDS, strict=True):
             idle[side] += ms / 1000
