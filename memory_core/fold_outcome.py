@@ -13,9 +13,10 @@ BACKOFF_BASE_S = 60
 BACKOFF_CAP_S = 3600
 
 
-def backoff_delay(attempt: int) -> int:
-    """Delay before retry number `attempt` (1-based): 60, 120, 240, ... capped at 3600 s."""
-    return int(min(BACKOFF_BASE_S * 2 ** (max(attempt, 1) - 1), BACKOFF_CAP_S))
+def backoff_delay(attempt: int, base_s: int = BACKOFF_BASE_S, cap_s: int = BACKOFF_CAP_S) -> int:
+    """Delay before retry number `attempt` (1-based): base, 2 x base, 4 x base, ... capped
+    (MEMORY_FOLD_BACKOFF_BASE_S / _CAP_S: 60, 120, 240, ... 3600 s by default)."""
+    return int(min(base_s * 2 ** (max(attempt, 1) - 1), cap_s))
 
 
 class Summarizer(Protocol):

@@ -340,7 +340,10 @@ class Folder:
             )
             if attempt is None:  # our lease expired and someone else took over
                 return FoldOutcome("lost", str(tid), error=error)
-            delay = backoff_delay(attempt)
+            s = self.settings
+            delay = backoff_delay(
+                attempt, s.memory_fold_backoff_base_s, s.memory_fold_backoff_cap_s
+            )
             session.execute(
                 update(t)
                 .where(t.id == tid)

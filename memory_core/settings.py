@@ -77,12 +77,19 @@ class Settings(BaseSettings):
     # Failed LLM attempts of one fold before it uses the LLM-free summary instead (an error
     # no retry can fix, such as a context-length or content-filter refusal, falls back at once).
     memory_fold_max_llm_attempts: int = Field(default=8, ge=1)
+    # A failed fold is retried after base * 2^(attempt - 1) seconds, at most cap (60, 120, 240,
+    # ..., 3600). The cap bounds the visibility timeout on Redis (workers/app.py).
+    memory_fold_backoff_base_s: int = Field(default=60, ge=1, le=86_400)
+    memory_fold_backoff_cap_s: int = Field(default=3600, ge=1, le=86_400)
 
     # Broker redelivery delay for unacked jobs; None = longest retry countdown + time limit.
     memory_visibility_timeout_s: int | None = Field(default=None, ge=1)
     memory_unacked_restore_interval_s: int = Field(default=10, ge=1)
     memory_worker_soft_shutdown_s: float = Field(default=30.0, ge=0)
     memory_finalize_retry_cap_s: int = Field(default=60, ge=1)
+    # A finalize running longer than this gets SoftTimeLimitExceeded (retried); at twice this
+    # its pool process is killed and the job redelivered. Read when the worker starts.
+    memory_finalize_soft_limit_s: int = Field(default=30, ge=1, le=3600)
     # RabbitMQ: deliveries of one job (each worker that died holding it counts) before the task
     # dead-letters it to `memory.dead` with a `memory_job_dead_lettered` event. Below the
     # broker's own limit (queues.BROKER_DELIVERY_LIMIT = 20), so the event always comes first.
@@ -92,6 +99,8 @@ class Settings(BaseSettings):
     # Thread lifecycle (memory_core/lifecycle.py). Threads with no new turn for longer than
     # this many days are deleted by `memory.apply_retention`; None keeps them forever.
     memory_retention_days: float | None = Field(default=None, gt=0, le=36_500)
+    # The minute of each hour at which beat sends `memory.apply_retention`.
+    memory_retention_minute: int = Field(default=17, ge=0, le=59)
     # Threads deleted per transaction by forget-owner and retention (a crash loses at most one).
     memory_purge_batch_size: int = Field(default=100, ge=1, le=1000)
     # Langfuse traces of a deleted thread are purged again until this long after the delete
@@ -135,6 +144,11 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"MEMORY_MAX_RECENT_MESSAGES ({self.memory_max_recent_messages}) must be below "
                 f"MEMORY_COMPRESSION_THRESHOLD ({threshold})"
+            )
+        if self.memory_fold_backoff_cap_s < self.memory_fold_backoff_base_s:
+            raise ValueError(
+                f"MEMORY_FOLD_BACKOFF_CAP_S ({self.memory_fold_backoff_cap_s}) must be at least "
+                f"MEMORY_FOLD_BACKOFF_BASE_S ({self.memory_fold_backoff_base_s})"
             )
         _check_scheme("REDIS_URL", self.redis_url, REDIS_SCHEMES)
         _check_scheme("CELERY_BROKER_URL", self.celery_broker_url, BROKER_SCHEMES)

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import redis
+from pydantic import ValidationError
 from sqlalchemy import select, update
 
 from memory_core import RedisConversationMemory, save_session_to_thread_safe
@@ -324,6 +325,30 @@ def test_backoff_sequence_is_persisted_and_capped(
     assert folder.fold(tid).status == "folded"
     row = _thread_row(tid)
     assert (row.fold_attempts, row.fold_due_at, row.last_fold_error) == (0, None, None)
+
+
+def test_the_backoff_comes_from_the_settings(redis_client: redis.Redis, llm: FakeLLMServer) -> None:
+    """MEMORY_FOLD_BACKOFF_BASE_S / _CAP_S: what a test or an operator sets is what a failed
+    fold waits, on the row and in its outcome; a cap below the base is refused."""
+    assert [backoff_delay(n, 5, 30) for n in range(1, 6)] == [5, 10, 20, 30, 30]
+    s = _settings(
+        llm,
+        memory_fold_max_llm_attempts=100,
+        memory_fold_backoff_base_s=7,
+        memory_fold_backoff_cap_s=20,
+    )
+    memory = _memory(redis_client, s)
+    folder = Folder(memory, ConversationSummarizer(s))
+    tid = uuid.uuid4()
+    for n in range(1, 22):
+        save_session_to_thread_safe(make_snapshot(tid, n), memory=memory)
+    llm.set_mode("500")
+    delays = [folder.fold(tid).retry_in_s for _ in range(4)]
+    assert delays == [7, 14, 20, 20]
+    due_at = _thread_row(tid).fold_due_at
+    assert due_at is not None and 0 < (due_at - datetime.now(UTC)).total_seconds() <= 20
+    with pytest.raises(ValidationError, match="MEMORY_FOLD_BACKOFF_CAP_S"):
+        _settings(llm, memory_fold_backoff_base_s=60, memory_fold_backoff_cap_s=30)
 
 
 def test_llm_down_for_50_turns_then_recovers_with_full_coverage(

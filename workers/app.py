@@ -8,10 +8,10 @@ Reliability settings and why:
   mid-job gets its job redelivered (finalize and fold are idempotent, so that is safe).
 * visibility_timeout: with the Redis broker an unacked message (including a retry waiting for
   its countdown inside a worker) is redelivered after this long. It must exceed the longest
-  retry countdown (3600 s) plus the fold time limit, else a waiting retry would be duplicated.
-  The price: jobs held by a worker host that dies hard wait this long before redelivery
-  (docs/OPERATIONS.md): at most visibility_timeout + unacked_restore_interval. Set in both
-  transport-option dicts, as kombu reads each separately.
+  retry countdown (MEMORY_FOLD_BACKOFF_CAP_S, 3600 s) plus the fold time limit, else a waiting
+  retry would be duplicated. The price: jobs held by a worker host that dies hard wait this
+  long before redelivery (docs/OPERATIONS.md): at most visibility_timeout +
+  unacked_restore_interval. Set in both transport-option dicts, as kombu reads each separately.
 * the broker: RabbitMQ (`amqp://`, the production broker) or Redis. The queues are declared as
   memory_core/queues.py says, for both; only the transport options differ (below).
 * soft shutdown: on SIGTERM (remapped to Celery's cold shutdown by `agent-memory worker`,
@@ -54,8 +54,12 @@ from .broker import use_atomic_take
 from .logging import configure_logging
 from .shutdown import DeferShutdownSignals
 
-FINALIZE_SOFT_LIMIT_S = 30
-FINALIZE_HARD_LIMIT_S = 60
+
+def finalize_limits() -> tuple[int, int]:
+    """Soft/hard time limits of a finalize (MEMORY_FINALIZE_SOFT_LIMIT_S, 30 s; hard twice
+    that): a finalize is milliseconds of work, so only a stuck Postgres call gets near them."""
+    soft = get_settings().memory_finalize_soft_limit_s
+    return soft, 2 * soft
 
 
 def fold_limits() -> tuple[int, int]:
@@ -68,7 +72,7 @@ def visibility_timeout_s() -> int:
     s = get_settings()
     if s.memory_visibility_timeout_s is not None:
         return s.memory_visibility_timeout_s
-    return 3600 + fold_limits()[1] + 300
+    return s.memory_fold_backoff_cap_s + fold_limits()[1] + 300
 
 
 class MemoryConsumer(Consumer):
@@ -174,13 +178,14 @@ def make_app() -> Celery:
         },
         # `celery -A workers.app beat` (one per deployment): retention hourly (a no-op unless
         # MEMORY_RETENTION_DAYS is set), Langfuse trace purges of deleted threads every 5 min.
-        # Retention at a fixed minute: beat's schedule file is lost when its pod is replaced,
-        # and an interval would restart its hour each time. A run not taken before the next
-        # one is sent expires (no pile-up while the fold workers are down or backed up).
+        # Retention at a fixed minute (MEMORY_RETENTION_MINUTE, 17): beat's schedule file is
+        # lost when its pod is replaced, and an interval would restart its hour each time. A
+        # run not taken before the next one is sent expires (no pile-up while the fold workers
+        # are down or backed up).
         beat_schedule={
             "memory-retention": {
                 "task": RETENTION_TASK,
-                "schedule": crontab(minute=17),
+                "schedule": crontab(minute=s.memory_retention_minute),
                 "options": {"expires": 3600},
             },
             "memory-trace-purges": {

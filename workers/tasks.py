@@ -31,7 +31,7 @@ from memory_core.session_handler import (
 from memory_core.settings import get_settings
 from memory_core.summarizer import ConversationSummarizer
 
-from .app import FINALIZE_HARD_LIMIT_S, FINALIZE_SOFT_LIMIT_S, app, fold_limits
+from .app import app, finalize_limits, fold_limits
 
 log = get_logger(__name__)
 
@@ -165,13 +165,16 @@ def _uuid_text(value: Any) -> str:
     return ""
 
 
+_FINALIZE_SOFT, _FINALIZE_HARD = finalize_limits()
+
+
 @app.task(
     bind=True,
     base=MemoryTask,
     name=FINALIZE_TASK,
     max_retries=None,  # infrastructure failures retry until Postgres is back: never lost
-    soft_time_limit=FINALIZE_SOFT_LIMIT_S,
-    time_limit=FINALIZE_HARD_LIMIT_S,
+    soft_time_limit=_FINALIZE_SOFT,
+    time_limit=_FINALIZE_HARD,
 )
 def finalize_turn(self: MemoryTask, snapshot: Any) -> dict[str, Any]:
     if not isinstance(snapshot, dict):
@@ -237,7 +240,10 @@ def fold_thread(self: MemoryTask, thread_id: Any) -> dict[str, Any]:
         log.warning("memory.fold_retry", retry_in_s=round(delay, 1), reason=describe_db_error(exc))
         retry_or_requeue(self, countdown=delay, exc=RuntimeError(describe_db_error(exc)))
     except Exception as exc:  # before the lease (after it, Folder counts an attempt)
-        delay = backoff_delay(self.request.retries + 1)
+        s = self.memory.settings
+        delay = backoff_delay(
+            self.request.retries + 1, s.memory_fold_backoff_base_s, s.memory_fold_backoff_cap_s
+        )
         error = describe_error(exc)
         _fold_failed_event(self, tid, "", self.request.retries + 1, error, retry_in_s=delay)
         retry_or_requeue(self, countdown=delay, exc=RuntimeError(error))

@@ -58,7 +58,6 @@ SCHEDULE = {
     "memory-trace-purges": (PURGE_TRACES_TASK, schedule(300.0), 300),
     "memory-fold-sweep": (SWEEP_FOLDS_TASK, schedule(60.0), 60),
 }
-RETENTION_MINUTE = 17
 
 
 # ------------------------------------------------------------------ helpers
@@ -279,7 +278,7 @@ class BeatProcess:
     """`celery -A <installed app> beat` as the deployments run it, in a process group of its
     own, logging to a file; the schedule file in `directory`."""
 
-    def __init__(self, directory: Path, broker_url: str) -> None:
+    def __init__(self, directory: Path, broker_url: str, *, retention_minute: int = 17) -> None:
         self.schedule = directory / "celerybeat-schedule"
         self.log_path = directory / "beat.log"
         self.node = f"celerybeat-{uuid.uuid4().hex[:6]}@test"
@@ -298,7 +297,12 @@ class BeatProcess:
             "--hostname",
             self.node,
         ]
-        self.env = {**os.environ, "CELERY_BROKER_URL": broker_url, "PYTHONUNBUFFERED": "1"}
+        self.env = {
+            **os.environ,
+            "CELERY_BROKER_URL": broker_url,
+            "MEMORY_RETENTION_MINUTE": str(retention_minute),
+            "PYTHONUNBUFFERED": "1",
+        }
         self.cwd = directory  # not the checkout: the app is found by its installed name
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -375,12 +379,12 @@ def errors_in(log: str) -> list[str]:
 def test_beat_starts_sends_due_tasks_and_stops_cleanly(
     start_worker: Callable[..., WorkerProcess], broker: str, tmp_path: Path
 ) -> None:
-    # Retention runs at minute 17: keep this test's minutes clear of it.
-    clear = {RETENTION_MINUTE - 1, RETENTION_MINUTE}
-    wait_for(lambda: datetime.now(UTC).minute not in clear, 130, "a minute clear of 16-17")
+    # Retention runs at minute MEMORY_RETENTION_MINUTE: half an hour from now, clear of this
+    # test (production's 17 would send an extra run whenever the test crossed minute 17).
+    minute = (datetime.now(UTC).minute + 30) % 60
     # A fresh schedule: beat starts, answers the probes' ping, and sends nothing before the
     # first interval has passed.
-    with BeatProcess(tmp_path, broker).start() as beat:
+    with BeatProcess(tmp_path, broker, retention_minute=minute).start() as beat:
         wait_for(lambda: ping(broker, beat.node), 30, "a pong from beat", beat.log)
         assert ready(broker, FOLD_QUEUE) == 0
         assert beat.stop() == 0  # SIGTERM: a clean exit, the schedule saved
