@@ -17,10 +17,8 @@ import logging
 import math
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from langfuse import Langfuse
-from langfuse.model import ChatPromptClient, PromptClient, TextPromptClient
 from openai.types.chat import (
     ChatCompletionAssistantMessageParam,
     ChatCompletionDeveloperMessageParam,
@@ -28,10 +26,13 @@ from openai.types.chat import (
     ChatCompletionSystemMessageParam,
     ChatCompletionUserMessageParam,
 )
-from opentelemetry.sdk.trace import TracerProvider
 
 from memory_core.metrics import PROMPT_REFUSED
 from memory_core.settings import Settings
+
+if TYPE_CHECKING:  # the SDK is imported only when Langfuse is configured (~0.5 s)
+    from langfuse import Langfuse
+    from langfuse.model import PromptClient
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +118,9 @@ def make_langfuse_client(settings: Settings) -> Langfuse | None:
     """
     if not settings.langfuse_configured:
         return None
+    from langfuse import Langfuse
+    from opentelemetry.sdk.trace import TracerProvider
+
     try:
         return Langfuse(
             public_key=settings.langfuse_public_key,
@@ -166,6 +170,8 @@ def _compile_langfuse(
             problem,
         )
         return None
+    from langfuse.model import ChatPromptClient, TextPromptClient  # a fetched prompt: loaded
+
     if isinstance(prompt, TextPromptClient):
         return [{"role": "user", "content": prompt.compile(**variables)}]
     if isinstance(prompt, ChatPromptClient):

@@ -15,10 +15,9 @@ import unicodedata
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import openai
-from langfuse import Langfuse, LangfuseGeneration, propagate_attributes
 
 from memory_core.artifacts import one_line
 from memory_core.context import Exchange
@@ -39,6 +38,9 @@ from memory_core.prompts import (
 )
 from memory_core.settings import Settings, get_settings
 from memory_core.tokens import count_tokens
+
+if TYPE_CHECKING:  # the SDK is imported only when Langfuse is configured (~0.5 s)
+    from langfuse import Langfuse, LangfuseGeneration
 
 log = logging.getLogger(__name__)
 
@@ -300,6 +302,8 @@ class ConversationSummarizer:
     ) -> LangfuseGeneration | None:
         if lf is None:
             return None
+        from langfuse import propagate_attributes  # loaded with the client `lf`
+
         s = self.settings
         try:
             with propagate_attributes(session_id=thread_id, trace_name=LANGFUSE_PROMPT_NAME):

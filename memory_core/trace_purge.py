@@ -22,16 +22,18 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
-from langfuse import Langfuse
-from langfuse.api.core import ApiError, RequestOptions
 
 from memory_core.artifacts import one_line
 from memory_core.logs import describe_error, get_logger
 from memory_core.prompts import make_langfuse_client
 from memory_core.settings import Settings, SettingsError, get_settings
+
+if TYPE_CHECKING:  # the SDK is imported only where a configured Langfuse is called (~0.5 s)
+    from langfuse import Langfuse
+    from langfuse.api.core import RequestOptions
 
 log = get_logger(__name__)
 
@@ -70,6 +72,8 @@ def describe_langfuse_error(exc: BaseException) -> str:
     the status is kept. Transport errors keep their first line. Anything else is described by
     class and origin (a parsing error may quote the data it could not parse).
     """
+    from langfuse.api.core import ApiError  # only Langfuse calls' errors come here
+
     if isinstance(exc, ApiError):
         return f"{type(exc).__name__} HTTP {exc.status_code}"
     if isinstance(exc, httpx.TransportError | SessionFilterIgnored | EndlessPagination):
@@ -122,6 +126,8 @@ def _purge(client: Langfuse, sessions: list[str], timeout_s: float) -> TracePurg
         return TracePurge(configured=True)
     # One attempt per request, bounded: the SDK would otherwise retry 5xx/429 with backoff.
     seconds: Any = timeout_s  # annotated int; httpx takes float seconds
+    from langfuse.api.core import RequestOptions
+
     options = RequestOptions(timeout_in_seconds=seconds, max_retries=0)
     found: dict[str, None] = {}
     deleted = 0

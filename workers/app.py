@@ -217,10 +217,14 @@ def make_app() -> Celery:
 
 
 @worker_init.connect
-def _warm_tokenizer(**_: Any) -> None:
+def _warm_up(**_: Any) -> None:
     # Load the BPE ranks once in the parent, before the pool forks: otherwise every child
-    # pays ~0.5 s on its first fold or view.
+    # pays ~0.5 s on its first fold or view. The same for Langfuse's SDK, which only a
+    # configured Langfuse loads (memory_core/prompts.py).
     encoding()
+    if get_settings().langfuse_configured:
+        import langfuse  # noqa: F401, PLC0415
+        import opentelemetry.sdk.trace  # noqa: F401, PLC0415
 
 
 @worker_init.connect
