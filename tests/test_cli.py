@@ -14,6 +14,9 @@ from memory_core.settings import get_settings
 from tests.support.commands import run_module
 from tests.support.snapshots import make_snapshot
 
+# Commands warn on stderr about settings other tests recorded; these tests read stderr.
+pytestmark = pytest.mark.usefixtures("settings_agree")
+
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return run_module("memory_core.cli", *args, env=env)

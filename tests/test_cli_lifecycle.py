@@ -16,7 +16,6 @@ import pytest
 from sqlalchemy import text
 
 from memory_core import RedisConversationMemory, save_session_to_thread_safe
-from memory_core.db import get_engine
 from memory_core.devservices.poll import wait_for
 from memory_core.devservices.workers import WorkerProcess
 from tests.support import REPO
@@ -28,13 +27,8 @@ QUIET = {"LANGFUSE_PUBLIC_KEY": "", "LANGFUSE_SECRET_KEY": ""}
 UNSET = ("MEMORY_RETENTION_DAYS",)
 
 
-@pytest.fixture(autouse=True)
-def _settings_agree() -> None:
-    """Tests elsewhere build memories with key prefixes of their own, recorded for two hours
-    in memory_settings_seen; a command would warn about them on stderr, which these tests
-    read. Forget them: every command records its own again."""
-    with get_engine().begin() as conn:
-        conn.execute(text("DELETE FROM memory_settings_seen"))
+# Commands warn on stderr about settings other tests recorded; these tests read stderr.
+pytestmark = pytest.mark.usefixtures("settings_agree")
 
 
 def command_env(env: dict[str, str] | None) -> dict[str, str]:

@@ -10,11 +10,12 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
+from functools import partial
 
 import pytest
 from celery import Celery
 
-from memory_core import RedisConversationMemory
+from memory_core import ConversationContext, RedisConversationMemory
 from memory_core.devservices.fake_llm import FakeLLMServer
 from memory_core.devservices.poll import wait_for
 from memory_core.devservices.ports import free_port
@@ -97,6 +98,11 @@ def test_llm_failing_for_50_turns_then_recovering(
     _record_llm(attempts, failed_events, lost=lost, duplicated=duplicated, recover_s=recover_s)
 
 
+def _copy_through(tid: uuid.UUID, seq: int) -> ConversationContext | None:
+    ctx = RedisConversationMemory().get_context(tid, "user-42")
+    return ctx if ctx.recent and ctx.recent[-1].seq >= seq else None
+
+
 def _fifty_turns_while_folds_fail(
     tid: uuid.UUID, turn: Callable[[int], None], agent: Celery
 ) -> int:
@@ -114,7 +120,9 @@ def _fifty_turns_while_folds_fail(
                 return _row(tid).fold_attempts >= a
 
             wait_for(attempted, 30, "a fold attempt")
-        ctx = RedisConversationMemory().get_context(tid, "user-42")
+        # The worker writes the copy just after its COMMIT, which `turn` waited for: a read in
+        # between is served the copy without turn n (read-your-writes is `wait_for`'s job).
+        ctx = wait_for(partial(_copy_through, tid, n), 10, f"turn {n} in the copy")
         assert ctx.summary_through_seq == 11
         assert [e.seq for e in ctx.recent] == list(range(max(12, n - 39), n + 1))  # the cap
     return attempts

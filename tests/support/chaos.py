@@ -106,10 +106,14 @@ class Chaos:
             self.kill_whole_worker(victim)
             return
         if self._sigterm_due(elapsed_s):
-            # A worker caught holding a job, else (after 5 s of trying) any worker.
+            # A worker caught holding a job, else (after 5 s of trying) any worker. None may
+            # be live for a moment: the whole kills' replacements are still starting.
+            live = self.live()
             victim = self._holding_worker()
-            if victim is not None or elapsed_s > self.sigterm_at_s + 5:
-                self.sigterm_worker(victim or self.live()[0])
+            if victim is None and live and elapsed_s > self.sigterm_at_s + 5:
+                victim = live[0]
+            if victim is not None:
+                self.sigterm_worker(victim)
                 return
         self.kill_a_child()
 

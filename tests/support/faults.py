@@ -110,7 +110,8 @@ class RowLock:
 
 
 def terminate_backends(database_url: str, app_name: str) -> int:
-    """Kill every Postgres session of `app_name`; how many there were."""
+    """Kill every Postgres session of `app_name` on the URL's database (other test sessions,
+    xdist's workers among them, have databases of their own); how many there were."""
     admin = create_engine(database_url, isolation_level="AUTOCOMMIT")
     try:
         with admin.connect() as conn:
@@ -119,6 +120,7 @@ def terminate_backends(database_url: str, app_name: str) -> int:
                     text(
                         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                         "WHERE application_name = :a AND pid <> pg_backend_pid()"
+                        " AND datname = current_database()"
                     ),
                     {"a": app_name},
                 ).all()
