@@ -8,8 +8,13 @@ EXTRAS ?= dev,embedded
 comma := ,
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 PYTEST_ARGS ?=
+# The suite runs on this many pytest-xdist workers, a file per worker at a time (CONTRIBUTING.md:
+# most tests wait on workers and servers, so 3 overlap well on 2 cores). TEST_WORKERS=0: one
+# process, no xdist.
+TEST_WORKERS ?= 3
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
-.PHONY: venv test lint demo bench-env
+.PHONY: venv test test-fast lint demo bench-env
 
 venv: $(STAMP)
 
@@ -20,7 +25,12 @@ $(STAMP): pyproject.toml
 	@touch $@
 
 test: venv
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
+
+# The inner loop: every test that starts no Celery worker, beat, Flower, demo or private
+# RabbitMQ node (marker `workers`, set in tests/conftest.py).
+test-fast: venv
+	$(BIN)/python -m pytest $(XDIST) -m "not workers" $(PYTEST_ARGS)
 
 lint: venv
 	$(BIN)/ruff check .

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import re
 
+import pytest
 import redis
 from sqlalchemy import text
 
@@ -69,6 +70,7 @@ def _bench_threads(database_url: str) -> int:
         )
 
 
+@pytest.mark.workers  # the read-your-writes row runs one
 def test_bench_async_prints_every_row_with_numbers() -> None:
     settings = get_settings()
     broker = redis.Redis.from_url(settings.celery_broker_url)

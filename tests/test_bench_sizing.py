@@ -177,6 +177,7 @@ def test_the_cli_refuses_a_bad_point_in_one_line() -> None:
     assert out.stderr == ("error: unknown pool 'eventlet': one of prefork, threads, gevent, solo\n")
 
 
+@pytest.mark.workers
 def test_a_tiny_sweep_on_threads_workers(tmp_path: Path) -> None:
     settings = get_settings()
     # The bench workers need the broker to themselves: this session's own broker database,

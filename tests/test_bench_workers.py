@@ -23,6 +23,8 @@ from memory_core.devservices.rabbitmq import ensure_rabbitmq
 from memory_core.settings import get_settings
 from tests.support.brokers import RABBITMQCTL
 
+pytestmark = pytest.mark.workers  # the bench starts its own
+
 FIGURES = (
     "finalize.jobs_s",
     "noop.jobs_s",

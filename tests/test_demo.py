@@ -22,6 +22,7 @@ TIMEOUT_S = 300
 
 
 @pytest.mark.slow
+@pytest.mark.workers  # the demo starts them
 @pytest.mark.timeout(TIMEOUT_S + 60)
 @pytest.mark.parametrize("broker", BROKERS, indirect=True)
 def test_demo_end_to_end(tmp_path: Path, broker: str) -> None:

@@ -104,6 +104,7 @@ def test_a_test_vhost_is_private_purged_and_dropped(base_url: str) -> None:
         rabbitmq_reachable(url)
 
 
+@pytest.mark.workers  # a private RabbitMQ node
 def test_a_private_node_keeps_quorum_queue_messages_across_kill_9(base_url: str) -> None:
     node = PrivateRabbitMQ()
     queue = Queue(

@@ -287,6 +287,7 @@ def test_an_unreachable_broker_is_one_line_and_exit_1(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.workers  # the eval command starts one
 @pytest.mark.timeout(SMOKE_TIMEOUT_S + 60)
 def test_a_smoke_run_through_the_real_cli(tmp_path: Path) -> None:
     """Two conversations through a real worker on this session's services (conftest's env)."""
@@ -321,6 +322,7 @@ def test_a_smoke_run_through_the_real_cli(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.workers  # the eval command starts one
 @pytest.mark.timeout(SMOKE_TIMEOUT_S + 60)
 def test_with_an_llm_the_report_says_so(tmp_path: Path, llm: FakeLLMServer) -> None:
     """OPENAI_BASE_URL set: the worker folds with the LLM (here the fake one), same report."""

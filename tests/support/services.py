@@ -42,6 +42,9 @@ from memory_core.settings import get_settings, reset_settings_cache
 from tests.support import REPO
 
 TEST_DATA_DIR = REPO / ".agent-memory" / "test-services"
+# Redis databases of the session's server: 0 is the developer's, 1-2 are left to the demo and
+# developers, 3-15 belong to test sessions (below).
+FIRST_TEST_DB, REDIS_DBS = 3, 16
 # One database per test session: concurrent sessions (two developers' runs, an IDE) never
 # drop each other's schema. Dropped again when the session ends.
 TEST_DATABASE = f"agent_memory_test_{os.getpid()}"
@@ -50,8 +53,23 @@ DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/"
 SERVICES = pytest.StashKey[DevServices]()
 
 
+def xdist_worker() -> int | None:
+    """This process's index among pytest-xdist's workers (gw0 -> 0), or None when it runs the
+    tests itself (no `-n`) or is xdist's controller."""
+    name = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return int(name[2:]) if name.startswith("gw") and name[2:].isdigit() else None
+
+
+def _redis_db(redis_url: str, db: int) -> str:
+    return urlunsplit(urlsplit(redis_url)._replace(path=f"/{db}"))
+
+
 def bootstrap_services(config: pytest.Config) -> DevServices:
-    """Find or start the session's servers; export DATABASE_URL, REDIS_URL, CELERY_BROKER_URL."""
+    """Find or start the session's servers; export DATABASE_URL, REDIS_URL, CELERY_BROKER_URL.
+
+    Under pytest-xdist the controller finds or starts the servers and its workers inherit the
+    URLs; each worker then has a database of its own (by pid) and two Redis databases of its
+    own (data and broker, by worker index), so workers never see each other's keys or jobs."""
     settings = get_settings()
     # Only the server of DATABASE_URL is used: tests always get their own database.
     explicit = "database_url" in settings.model_fields_set
@@ -65,18 +83,30 @@ def bootstrap_services(config: pytest.Config) -> DevServices:
     config.add_cleanup(services.stop)
     config.add_cleanup(lambda: _drop_database(services.database_url))
     config.stash[SERVICES] = services
+    redis_url = services.redis_url
+    worker = xdist_worker()
+    if worker is not None:
+        if FIRST_TEST_DB + 2 * worker + 1 >= REDIS_DBS:
+            raise pytest.UsageError(
+                f"at most {(REDIS_DBS - FIRST_TEST_DB) // 2} xdist workers: each needs two of "
+                f"Redis's {REDIS_DBS} databases"
+            )
+        redis_url = _redis_db(redis_url, FIRST_TEST_DB + 2 * worker)
     os.environ["DATABASE_URL"] = services.database_url
-    os.environ["REDIS_URL"] = services.redis_url
-    os.environ["CELERY_BROKER_URL"] = services.redis_url
+    os.environ["REDIS_URL"] = redis_url
+    os.environ["CELERY_BROKER_URL"] = redis_url
     reset_settings_cache()
     return services
 
 
 def session_broker_url(redis_url: str) -> str:
-    """The session's broker: a Redis database of its own (3-15 by pid, so concurrent sessions
-    rarely share one; 1-2 are left to the demo and developers): test jobs mix with nothing
-    else and can be purged freely."""
-    return urlunsplit(urlsplit(redis_url)._replace(path=f"/{3 + os.getpid() % 13}"))
+    """The session's broker: a Redis database of its own, so that test jobs mix with nothing
+    else and can be purged freely. An xdist worker's is the one after its data database; a
+    session without xdist takes one of 3-15 by pid (concurrent sessions rarely share one)."""
+    worker = xdist_worker()
+    if worker is not None:
+        return _redis_db(redis_url, FIRST_TEST_DB + 2 * worker + 1)
+    return _redis_db(redis_url, FIRST_TEST_DB + os.getpid() % (REDIS_DBS - FIRST_TEST_DB))
 
 
 def _drop_database(database_url: str) -> None:
