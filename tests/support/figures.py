@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import json
 import os
 import sys
@@ -65,14 +66,17 @@ def _seconds(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.1f} s"
 
 
-def _merge(figures: dict[str, Any]) -> None:
-    FIGURES_PATH.parent.mkdir(parents=True, exist_ok=True)
-    data = load()
-    data[figures["id"]] = figures
-    fd, tmp = tempfile.mkstemp(dir=FIGURES_PATH.parent, prefix=".figures-")
-    with os.fdopen(fd, "w") as handle:
-        json.dump(data, handle, indent=2, sort_keys=True)
-    os.replace(tmp, FIGURES_PATH)  # atomic: a concurrent reader never sees half a file
+def _merge(figures: dict[str, Any], path: Path = FIGURES_PATH) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # xdist's workers record at once: a read-modify-write without the lock loses a figure.
+    with (path.parent / ".figures.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        data = load(path)
+        data[figures["id"]] = figures
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".figures-")
+        with os.fdopen(fd, "w") as handle:
+            json.dump(data, handle, indent=2, sort_keys=True)
+        os.replace(tmp, path)  # atomic: a concurrent reader never sees half a file
 
 
 def load(path: Path = FIGURES_PATH) -> dict[str, dict[str, Any]]:
