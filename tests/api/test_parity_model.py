@@ -17,7 +17,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
 from memory_core import ConversationContext, RedisConversationMemory, ThreadNotFound
+from memory_core.redis_client import make_redis
 from tests.support.api import OWNER, Api, AsyncApi, SyncApi
+from tests.support.faults import FaultyRedis
+from tests.support.replay import Step, replay, step
 from tests.support.snapshots import make_snapshot
 from tests.support.state import stored_seqs
 
@@ -135,3 +138,41 @@ def test_sync_and_async_interleaved_read_and_write_the_same(
             suppress_health_check=list(HealthCheck),
         ),
     )
+
+
+# What the parity machine found, as the steps that show it: e6feb88, a memory given its own
+# blocking Redis client built its asyncio client from the settings' URL, so one door wrote a
+# copy the other never read.
+PINNED: dict[str, list[Step]] = {
+    "a_memory_given_clients_reads_through_both_doors_what_either_wrote": [
+        step("save", i=0, asynchronous=False, m=0),
+        step("read", i=0, asynchronous=True, m=0),
+        step("save", i=0, asynchronous=True, m=1),
+        step("read", i=0, asynchronous=False, m=1),
+        step("copy_expires", i=0),
+        step("redeliver", i=0, k=1, asynchronous=True, m=0),
+        step("read", i=0, asynchronous=True, m=1),
+    ],
+}
+
+
+@pytest.mark.parametrize("steps", PINNED.values(), ids=PINNED.keys())
+def test_both_doors_agree_in_the_sequences_that_broke_them(
+    both: tuple[SyncApi, AsyncApi],
+    redis_client: redis.Redis,
+    faulty_redis: FaultyRedis,
+    steps: list[Step],
+) -> None:
+    """The memories are given a client of a Redis other than the settings' one: both doors
+    must use it, and the settings' Redis holds nothing of theirs."""
+    faulty_redis.up()
+    prefix = f"parity{uuid.uuid4().hex[:6]}"
+    memories = tuple(
+        RedisConversationMemory(make_redis(faulty_redis.url), key_prefix=prefix, local_cache_size=n)
+        for n in (4, 0)
+    )
+    machine = ParityMachine(both, memories)
+    replay(machine, steps)
+    tid = machine.threads[0].tid
+    assert faulty_redis.admin.exists(*memories[0].copy.keys(tid)) == 2
+    assert list(redis_client.scan_iter(match=f"*{prefix}*")) == []
