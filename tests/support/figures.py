@@ -25,7 +25,9 @@ from typing import Any
 from tests.support import REPO
 
 FIGURES_PATH = REPO / ".agent-memory" / "reliability" / "figures.json"
-COMMAND = 'make test PYTEST_ARGS="tests/reliability -s"'
+# One test at a time (no xdist): the figures are the system's, not the neighbours'; and -s
+# prints the lines, which xdist's workers would swallow.
+COMMAND = 'TEST_WORKERS=0 make test PYTEST_ARGS="tests/reliability -s"'
 COLUMNS = ("scenario", "jobs", "faults", "lost", "duplicated", "recover", "checked")
 
 
