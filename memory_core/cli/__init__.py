@@ -51,6 +51,9 @@ def main() -> None:
     from memory_core.logs import configure_logging
     from memory_core.settings import SettingsError
 
+    debug = "--debug" in sys.argv[1:]
+    if debug:
+        sys.argv.remove("--debug")
     configure_logging(os.environ.get("MEMORY_LOG_LEVEL", "WARNING").upper())
     if "--help" not in sys.argv:
         try:
@@ -58,4 +61,34 @@ def main() -> None:
         except SettingsError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise SystemExit(1) from None
-    app()
+    sys.exit(run(debug=debug))
+
+
+def run(args: list[str] | None = None, *, debug: bool = False) -> int:
+    """Run the command line; its exit status. A usage error is one line on stderr and 2, as
+    click's own; any other failure one line and 1. A traceback only with `--debug`."""
+    try:
+        status = app(args, standalone_mode=False)
+    except typer.Abort:
+        typer.echo("error: aborted", err=True)
+        return 1
+    except typer.TyperException as exc:  # click's errors (typer vendors click)
+        code = int(getattr(exc, "exit_code", 1))
+        if type(exc).__name__ != "NoArgsIsHelpError":  # that one has printed the help
+            message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+            typer.echo(f"error: {one_line(message)}", err=True)
+        return code
+    except Exception as exc:
+        if debug:
+            raise
+        # Its message may hold stored content (a query in a SQL error): the class only.
+        typer.echo(f"error: unexpected {type(exc).__name__} (--debug shows where)", err=True)
+        return 1
+    return status if isinstance(status, int) else 0
+
+
+def one_line(message: str) -> str:
+    """A message on one line, safe for a terminal (it may quote what was typed)."""
+    from memory_core.cli.safe_text import terminal_safe
+
+    return terminal_safe(" ".join(message.split()))

@@ -21,7 +21,7 @@ DEFAULT_PLOTS_DIR = Path("docs/bench")
 @bench_app.command("core")
 @one_line_errors
 def bench_core_cmd(
-    iterations: int = 2000,
+    iterations: Annotated[int, typer.Option(min=1)] = 2000,
     plots: Annotated[
         str | None,
         typer.Option(
@@ -65,7 +65,7 @@ def bench_core_cmd(
 
 @bench_app.command("access")
 @one_line_errors
-def bench_access_cmd(reps: int = 300) -> None:
+def bench_access_cmd(reps: Annotated[int, typer.Option(min=1)] = 300) -> None:
     """A stranger's refusal vs an unknown thread's, for a small and a large copy."""
     from memory_core.bench.guest import bench_access
 
@@ -74,7 +74,7 @@ def bench_access_cmd(reps: int = 300) -> None:
 
 @bench_app.command("rss")
 @one_line_errors
-def bench_rss_cmd(turns: int = 1000) -> None:
+def bench_rss_cmd(turns: Annotated[int, typer.Option(min=1)] = 1000) -> None:
     """A fold-worker-like process's RSS after 100 and after N distinct turns."""
     from memory_core.bench.guest import bench_rss
 
@@ -100,9 +100,10 @@ def bench_workers_cmd(
             "it is amqp://, else on the local node (amqp://guest:guest@127.0.0.1:5672/)."
         ),
     ] = None,
-    jobs: int = 2000,
+    jobs: Annotated[int, typer.Option(min=1)] = 2000,
     repeat: Annotated[
-        int, typer.Option(help="Runs per broker, alternating brokers; prints each and medians.")
+        int,
+        typer.Option(min=1, help="Runs per broker, alternating brokers; prints each and medians."),
     ] = 1,
 ) -> None:
     """Finalize jobs/s vs a no-op task, LLM calls per 100 turns, fold prompt size."""
@@ -148,13 +149,16 @@ def bench_sizing_cmd(
             "(redis://; the fold points need Redis) or RabbitMQ (amqp://)."
         ),
     ],
-    jobs: Annotated[int, typer.Option(help="Finalize (and no-op) jobs per finalize point.")] = 800,
-    folds: Annotated[int, typer.Option(help="Fold jobs per fold point.")] = 48,
+    jobs: Annotated[
+        int, typer.Option(min=1, help="Finalize (and no-op) jobs per finalize point.")
+    ] = 800,
+    folds: Annotated[int, typer.Option(min=1, help="Fold jobs per fold point.")] = 48,
     llm_latency: Annotated[
-        float, typer.Option(help="Seconds the bench's fake LLM holds each fold request.")
+        float, typer.Option(min=0, help="Seconds the bench's fake LLM holds each fold request.")
     ] = 0.5,
     repeat: Annotated[
-        int, typer.Option(help="Passes over the points (order reversed every other); medians.")
+        int,
+        typer.Option(min=1, help="Passes over the points (order reversed every other); medians."),
     ] = 1,
     finalize: Annotated[
         str,
@@ -200,9 +204,11 @@ def bench_sizing_cmd(
 @bench_app.command("forget")
 @one_line_errors
 def bench_forget_cmd(
-    threads: int = 1000,
-    turns: int = 30,
-    batch_size: Annotated[int | None, typer.Option(help="Default MEMORY_PURGE_BATCH_SIZE.")] = None,
+    threads: Annotated[int, typer.Option(min=1)] = 1000,
+    turns: Annotated[int, typer.Option(min=1)] = 30,
+    batch_size: Annotated[
+        int | None, typer.Option(min=1, max=1000, help="Default MEMORY_PURGE_BATCH_SIZE.")
+    ] = None,
 ) -> None:
     """forget_owner over THREADS x TURNS vs the same deletes by hand; what remained after."""
     from memory_core.bench.forget import bench_forget
@@ -214,7 +220,7 @@ def bench_forget_cmd(
 @one_line_errors
 def bench_broker_cmd(
     broker_url: Annotated[str, typer.Option(help="A Redis broker (database) to bench on.")],
-    messages: int = 5000,
+    messages: Annotated[int, typer.Option(min=1)] = 5000,
 ) -> None:
     """The workers' atomic take (workers/broker.py) vs kombu's BRPOP, consume + ack."""
     from memory_core.bench.broker import bench_broker
@@ -229,7 +235,7 @@ def bench_publish_cmd(
         list[str],
         typer.Option(help="A broker nothing consumes from (redis:// or amqp://); repeatable."),
     ],
-    publishes: int = 300,
+    publishes: Annotated[int, typer.Option(min=1)] = 300,
 ) -> None:
     """A publish on a kept broker connection vs a new one each vs kombu's raw publish."""
     from memory_core.bench.publish import BrokerInUse, bench_publish

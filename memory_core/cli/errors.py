@@ -14,7 +14,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def fail(message: str) -> NoReturn:
-    typer.echo(f"error: {message}", err=True)
+    from memory_core.cli.safe_text import terminal_safe
+
+    typer.echo(f"error: {terminal_safe(message)}", err=True)
     raise typer.Exit(1)
 
 

@@ -19,6 +19,7 @@ import typer
 from memory_core.cli.errors import fail, one_line_errors, safe_url
 from memory_core.cli.inspect import threads as list_owner_threads
 from memory_core.settings import get_settings
+from memory_core.snapshot import is_blank
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -46,7 +47,7 @@ def check_owner(owner: str) -> str:
         owner.encode("utf-8")
     except UnicodeEncodeError:
         fail("--owner is not valid UTF-8")
-    if not owner or "\x00" in owner:
+    if is_blank(owner) or "\x00" in owner:
         fail("--owner must be a non-empty string")
     return owner
 
@@ -100,7 +101,7 @@ def counts(report: PurgeReport, *, threads: bool = True) -> str:
 def threads_default(
     ctx: typer.Context,
     owner: Annotated[str | None, typer.Option(help="Whose history to list.")] = None,
-    limit: int = 20,
+    limit: Annotated[int, typer.Option(min=1, max=10_000)] = 20,
     archived: Annotated[bool, typer.Option(help="Include archived threads.")] = False,
 ) -> None:
     """List a user's threads (`threads --owner O` = `threads list --owner O`), or manage one."""

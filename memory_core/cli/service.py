@@ -21,22 +21,25 @@ QUEUES = "memory.finalize,memory.fold"
 def migrate(revision: str = "head") -> None:
     """Upgrade the database schema (Alembic) to REVISION."""
     from memory_core.langgraph import CHECKPOINT_SCHEMA, langgraph_available, setup_checkpointer
-    from memory_core.migrate import upgrade
+    from memory_core.migrate import migration_lock, upgrade
 
-    upgrade(get_settings().database_url, revision)
-    typer.echo(f"database at {safe_url(get_settings().database_url)} is at {revision}")
-    if langgraph_available():  # the `langgraph` extra: its checkpointer has tables of its own
-        setup_checkpointer(get_settings().database_url)
-        typer.echo(f"LangGraph checkpointer tables ready in schema {CHECKPOINT_SCHEMA}")
+    url = get_settings().database_url
+    with migration_lock(url):  # other migrators (a Job, an init container) wait, then no-op
+        upgrade(url, revision)
+        typer.echo(f"database at {safe_url(url)} is at {revision}")
+        if langgraph_available():  # the `langgraph` extra: its checkpointer has its own tables
+            setup_checkpointer(url)
+            typer.echo(f"LangGraph checkpointer tables ready in schema {CHECKPOINT_SCHEMA}")
 
 
 def worker(
     queues: Annotated[str, typer.Option(help="Comma-separated queues to serve.")] = QUEUES,
-    concurrency: Annotated[int, typer.Option("--concurrency", "-c")] = 2,
+    concurrency: Annotated[int, typer.Option("--concurrency", "-c", min=1)] = 2,
     loglevel: Annotated[str, typer.Option("--loglevel", "-l")] = "INFO",
     hostname: Annotated[str | None, typer.Option("--hostname", "-n")] = None,
     metrics_port: Annotated[
-        int | None, typer.Option(help="Serve memory metrics (Prometheus) on this port.")
+        int | None,
+        typer.Option(min=1, max=65_535, help="Serve memory metrics (Prometheus) on this port."),
     ] = None,
 ) -> None:
     """Start a Celery worker on the memory queues (prefetch 1 when it serves memory.fold)."""
@@ -79,7 +82,7 @@ def worker(
 
 
 def flower(
-    port: int = 5555,
+    port: Annotated[int, typer.Option(min=1, max=65_535)] = 5555,
     address: str = "127.0.0.1",
     basic_auth: Annotated[
         str | None, typer.Option(help="user:password (FLOWER_BASIC_AUTH)")
