@@ -11,6 +11,8 @@ from uuid import UUID
 
 import redis
 
+from memory_core.snapshot import can_own
+
 # Anything Redis can answer with instead of data: unreachable, timeouts, out of memory under
 # `noeviction`, READONLY after a failover, other error replies. None of them may fail a read
 # (served from Postgres) or a write whose turn is already committed.
@@ -76,17 +78,14 @@ class ThreadNotFound(LookupError):
 
 
 def _check_owner(thread_id: UUID, owner_id: str) -> None:
-    """An owner id no snapshot can carry (not text, NUL, lone surrogates) owns no thread.
+    """An owner id no snapshot can carry (not text, blank, NUL, lone surrogates) owns no
+    thread, also one stored before blank ids were refused.
 
     Answer as for an unknown thread: the database driver would raise its own error for it,
     and only when the copy is not cached, which told a stranger whether the thread exists.
     """
-    if not isinstance(owner_id, str) or "\x00" in owner_id:
+    if not can_own(owner_id):
         raise ThreadNotFound(thread_id)
-    try:
-        owner_id.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ThreadNotFound(thread_id) from None
 
 
 def _as_uuid(value: UUID | str) -> UUID:

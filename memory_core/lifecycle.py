@@ -32,6 +32,7 @@ from memory_core.logs import get_logger
 from memory_core.metrics import RETENTION_RUNS
 from memory_core.models import ConversationThread
 from memory_core.purge import THREADS, TURNS, DeleteFailed, PurgeReport, purge_batch
+from memory_core.snapshot import can_own
 from memory_core.trace_sweep import purge_now
 
 log = get_logger(__name__)
@@ -78,7 +79,9 @@ def list_threads(
     memory: RedisConversationMemory | None = None,
 ) -> list[ThreadInfo]:
     """The owner's threads, most recently active first (archived ones only when asked)."""
-    if not _valid_owner(owner_id):  # owns nothing (the driver would refuse it)
+    if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 10_000:
+        raise ValueError("limit must be an integer from 1 to 10000")
+    if not can_own(owner_id):  # owns nothing (the driver would refuse it)
         return []
     with _memory(memory).session_factory() as session:
         rows = ConversationThread.history(
@@ -97,17 +100,6 @@ def list_threads(
             )
             for t in rows
         ]
-
-
-def _valid_owner(owner_id: object) -> bool:
-    """What a snapshot can carry as owner_id: non-empty text, no NUL, encodable."""
-    if not isinstance(owner_id, str) or not owner_id or "\x00" in owner_id:
-        return False
-    try:
-        owner_id.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def archive_thread(
@@ -198,7 +190,7 @@ def forget_owner(
     back); running it again deletes what is left. `progress(report, total)` before the
     first batch and after each.
     """
-    if not _valid_owner(owner_id):
+    if not can_own(owner_id):
         raise ValueError("owner_id must be a non-empty string of text")
     with _postgres_failures():
         return _forget_owner(owner_id, _memory(memory), batch_size, progress)

@@ -4,7 +4,7 @@ Size limits (documented in the README; a violation names the field):
 
 | field            | limit                                   |
 |------------------|-----------------------------------------|
-| owner_id         | 1..255 characters                       |
+| owner_id         | 1..255 characters, not only whitespace   |
 | user_query       | 1..8 000 characters                     |
 | answer           | 100 000 characters                      |
 | sql              | 20 statements, each 1..50 000 characters |
@@ -16,6 +16,10 @@ Size limits (documented in the README; a violation names the field):
 The whole-snapshot bound is checked before any other validation, in one pass that stops as
 soon as the bound is passed: 50 visualizations with 1 MiB of `options` each (which memory
 discards anyway) are refused in milliseconds, for in-process saves and jobs alike.
+
+An owner id is an identity: one made of whitespace alone (`" "`, `"\t\u3000"`: Unicode's
+whitespace, as `str.strip` knows it) would be shared by every caller whose id came out blank,
+so it is refused like an empty one. Ids are compared exactly: `"alice "` is not `"alice"`.
 
 No text anywhere may hold NUL characters or lone UTF-16 surrogates: Postgres cannot store
 them, so they are rejected up front instead of failing half-way through a write.
@@ -152,6 +156,31 @@ def _json_object(value: dict[str, Any]) -> dict[str, Any]:
 
 
 Text = Annotated[StrictStr, AfterValidator(_check_text)]
+
+
+def is_blank(value: str) -> bool:
+    """An id that names nobody: empty, or Unicode whitespace only."""
+    return not value.strip()
+
+
+def can_own(owner_id: object) -> bool:
+    """Whether a snapshot could carry `owner_id`: text, not blank, no NUL, encodable. An id
+    that cannot owns nothing: reads, deletes and forgets answer as for a stranger."""
+    if not isinstance(owner_id, str) or is_blank(owner_id) or "\x00" in owner_id:
+        return False
+    try:
+        owner_id.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _check_owner(value: str) -> str:
+    if is_blank(value):
+        raise ValueError("must not be blank (whitespace only)")
+    return value
+
+
 ObjectId = StrictInt | Annotated[StrictStr, Field(max_length=255), AfterValidator(_check_text)]
 
 
@@ -191,7 +220,7 @@ class TurnSnapshot(BaseModel):
 
     session_id: UUID
     thread_id: UUID
-    owner_id: Annotated[Text, Field(min_length=1, max_length=255)]
+    owner_id: Annotated[Text, Field(min_length=1, max_length=255), AfterValidator(_check_owner)]
     agent_type: Literal["chat", "copilot"]
     user_query: Annotated[Text, Field(min_length=1, max_length=8000)]
     answer: Annotated[Text, Field(max_length=100_000)] = ""
