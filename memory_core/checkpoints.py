@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import re
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
@@ -108,7 +109,11 @@ def setup_checkpointer(database_url: str | None = None, schema: str = CHECKPOINT
     with psycopg.connect(
         conninfo, autocommit=True, prepare_threshold=0, row_factory=dict_row
     ) as conn:
-        conn.execute("SELECT pg_advisory_lock(%s)", (_SETUP_LOCK,))
+        # Try, never wait inside Postgres: a session blocked in pg_advisory_lock holds a
+        # snapshot, which the holder's CREATE INDEX CONCURRENTLY waits for (a deadlock).
+        try_lock = "SELECT pg_try_advisory_lock(%s) AS ok"
+        while not cast(dict[str, bool], conn.execute(try_lock, (_SETUP_LOCK,)).fetchone())["ok"]:
+            time.sleep(0.2)
         try:
             conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
             PostgresSaver(conn).setup()

@@ -1,0 +1,171 @@
+"""What deployments do at once: migrations started together from several places (a Kubernetes
+Job, a compose `migrate`, an init container) on a fresh database all succeed, and leave the
+schema a single run leaves."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sqlalchemy import create_engine, make_url, text
+
+from memory_core.migrate import upgrade
+from memory_core.settings import get_settings
+from tests.support import REPO
+from tests.support.commands import run_module
+
+SCHEMA = """
+SELECT 'column', c.table_schema || '.' || c.table_name || '.' || c.column_name,
+       c.data_type || ' ' || c.is_nullable || ' ' || coalesce(c.column_default, '')
+  FROM information_schema.columns c
+ WHERE c.table_schema NOT IN ('pg_catalog', 'information_schema')
+UNION ALL
+SELECT 'index', schemaname || '.' || indexname, indexdef FROM pg_indexes
+ WHERE schemaname NOT IN ('pg_catalog', 'information_schema')
+UNION ALL
+SELECT 'constraint', n.nspname || '.' || conname, pg_get_constraintdef(k.oid)
+  FROM pg_constraint k JOIN pg_namespace n ON n.oid = k.connamespace
+ WHERE n.nspname NOT IN ('pg_catalog', 'information_schema')
+ORDER BY 1, 2, 3
+"""
+
+
+def _schema(url: str) -> list[tuple[str, str, str]]:
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            rows = [(r[0], r[1], r[2]) for r in conn.execute(text(SCHEMA))]
+            rows += [
+                ("version", v, "")
+                for v in conn.execute(text("SELECT * FROM alembic_version")).scalars()
+            ]
+            return rows
+    finally:
+        engine.dispose()
+
+
+class Databases:
+    """Fresh, empty databases on the session's server, dropped at the end."""
+
+    def __init__(self) -> None:
+        self.base = make_url(get_settings().database_url)
+        self.admin = create_engine(self.base.set(database="postgres"), isolation_level="AUTOCOMMIT")
+        self.names: list[str] = []
+
+    def fresh(self) -> str:
+        name = f"am_deploy_{uuid.uuid4().hex[:10]}"
+        with self.admin.connect() as c:
+            c.execute(text(f'CREATE DATABASE "{name}"'))
+        self.names.append(name)
+        return self.base.set(database=name).render_as_string(hide_password=False)
+
+    def close(self) -> None:
+        with self.admin.connect() as c:
+            for name in self.names:
+                c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        self.admin.dispose()
+
+
+@pytest.fixture(scope="module")
+def databases() -> Iterator[Databases]:
+    dbs = Databases()
+    yield dbs
+    dbs.close()
+
+
+@pytest.fixture(scope="module")
+def single_run(databases: Databases) -> list[tuple[str, str, str]]:
+    url = databases.fresh()
+    out = run_module("memory_core.cli", "migrate", env={"DATABASE_URL": url})
+    assert out.returncode == 0, out.stderr
+    return _schema(url)
+
+
+def test_four_migrate_commands_at_once_all_succeed_with_the_schema_of_one(
+    databases: Databases, single_run: list[tuple[str, str, str]]
+) -> None:
+    url = databases.fresh()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "memory_core.cli", "migrate"],
+            cwd=REPO,
+            env={**os.environ, "DATABASE_URL": url},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(4)
+    ]
+    results = [(p.wait(120), p.communicate()) for p in procs]
+    assert [rc for rc, _ in results] == [0, 0, 0, 0], [err for _, (_, err) in results]
+    assert _schema(url) == single_run
+
+
+@settings(
+    max_examples=6,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=list(HealthCheck),
+)
+@given(n=st.integers(2, 6), downgraded_first=st.booleans())
+def test_concurrent_upgrades_all_succeed_with_the_schema_of_one(
+    n: int, downgraded_first: bool, databases: Databases, single_run: list[tuple[str, str, str]]
+) -> None:
+    url = databases.fresh()
+    if downgraded_first:  # an upgrade from a schema part of the way up, as after a rollback
+        upgrade(url, "base")
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(n)
+
+    def migrate() -> None:
+        try:
+            barrier.wait(30)
+            upgrade(url)
+        except BaseException as exc:  # reported below, whatever it is
+            errors.append(exc)
+
+    threads = [threading.Thread(target=migrate, daemon=True) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert errors == []
+    assert [r for r in _schema(url) if not r[1].startswith("langgraph.")] == [
+        r for r in single_run if not r[1].startswith("langgraph.")
+    ]
+
+
+def test_checkpointer_setups_at_once_all_succeed(databases: Databases) -> None:
+    """Agents that set the checkpointer up at start-up, several at once: a setup waiting
+    inside Postgres for the lock held a snapshot the holder's CREATE INDEX CONCURRENTLY waited
+    for."""
+    from memory_core.langgraph import langgraph_available, setup_checkpointer
+
+    if not langgraph_available():
+        pytest.skip("the langgraph extra is not installed")
+    url = databases.fresh()
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(4)
+
+    def setup() -> None:
+        try:
+            barrier.wait(30)
+            setup_checkpointer(url)
+        except BaseException as exc:  # reported below, whatever it is
+            errors.append(exc)
+
+    threads = [threading.Thread(target=setup, daemon=True) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads), "a setup is still waiting"
+    assert errors == []
