@@ -9,7 +9,8 @@ import subprocess
 import sys
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -49,6 +50,27 @@ def _schema(url: str) -> list[tuple[str, str, str]]:
             return rows
     finally:
         engine.dispose()
+
+
+def _all_at_once(n: int, call: Callable[[], object]) -> None:
+    """`call` in n threads released together; every one returns, none raises."""
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(n)
+
+    def one() -> None:
+        try:
+            barrier.wait(30)
+            call()
+        except BaseException as exc:  # reported below, whatever it is
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, daemon=True) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads), "a call is still waiting"
+    assert errors == []
 
 
 class Databases:
@@ -122,22 +144,7 @@ def test_concurrent_upgrades_all_succeed_with_the_schema_of_one(
     url = databases.fresh()
     if downgraded_first:  # an upgrade from a schema part of the way up, as after a rollback
         upgrade(url, "base")
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(n)
-
-    def migrate() -> None:
-        try:
-            barrier.wait(30)
-            upgrade(url)
-        except BaseException as exc:  # reported below, whatever it is
-            errors.append(exc)
-
-    threads = [threading.Thread(target=migrate, daemon=True) for _ in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert errors == []
+    _all_at_once(n, partial(upgrade, url))
     assert [r for r in _schema(url) if not r[1].startswith("langgraph.")] == [
         r for r in single_run if not r[1].startswith("langgraph.")
     ]
@@ -152,20 +159,4 @@ def test_checkpointer_setups_at_once_all_succeed(databases: Databases) -> None:
     if not langgraph_available():
         pytest.skip("the langgraph extra is not installed")
     url = databases.fresh()
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(4)
-
-    def setup() -> None:
-        try:
-            barrier.wait(30)
-            setup_checkpointer(url)
-        except BaseException as exc:  # reported below, whatever it is
-            errors.append(exc)
-
-    threads = [threading.Thread(target=setup, daemon=True) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not any(t.is_alive() for t in threads), "a setup is still waiting"
-    assert errors == []
+    _all_at_once(4, partial(setup_checkpointer, url))
