@@ -20,6 +20,7 @@ from memory_core.artifacts import (
 from memory_core.context import ConversationContext, Exchange
 from memory_core.tokens import count_tokens, encoding
 from memory_core.views import (
+    NEWEST_ALWAYS_FROM,
     TRUNCATED_MARKER,
     Focus,
     render_conversation_context,
@@ -95,8 +96,50 @@ def test_oldest_exchanges_are_dropped_first() -> None:
 def test_summary_alone_over_budget_is_cut_with_marker() -> None:
     ctx = _ctx(3, summary="word " * 2000)
     out = render_conversation_context(ctx, "brief", 100)
-    assert out.startswith("Conversation summary:\n  word") and out.endswith(TRUNCATED_MARKER)
-    assert count_tokens(out) <= 100 and "[#" not in out
+    assert out.startswith("Conversation summary:\n  word") and TRUNCATED_MARKER in out
+    # The summary keeps half the budget; the newest exchange still has its place.
+    assert count_tokens(out) <= 100 and "[#3] User: q" in out and "[#2]" not in out
+    assert "(2 older exchanges omitted)" in out
+
+
+def _big_sql(tokens: int) -> str:
+    lines, n = [], 0
+    while n < tokens:
+        line = f"  OR customer_id = {1000 + len(lines)} AND region = 'EMEA-{len(lines)}'"
+        lines.append(line)
+        n += count_tokens(line + "\n")
+    return "SELECT *\nFROM orders\nWHERE false\n" + "\n".join(lines)
+
+
+def test_the_newest_exchange_is_in_the_view_with_its_sql_cut_when_it_alone_is_over() -> None:
+    """4 turns, the newest SQL ~5 700 tokens, a 1 500-token sql view: the view was empty."""
+    sql = _big_sql(5720)
+    recent = [_ex(i, query=f"question {i}", arts=[SqlArtifact(sql=SQL)]) for i in (1, 2, 3)]
+    recent.append(_ex(4, query="all EMEA orders", arts=[SqlArtifact(sql=sql), VIZ]))
+    ctx = ConversationContext(thread_id=uuid.UUID(int=1), summary=None, recent=recent)
+    out = render_conversation_context(ctx, "sql", 1500)
+    assert count_tokens(out) <= 1500
+    assert "[#4] User: all EMEA orders" in out
+    assert "SQL:\n  SELECT *\n  FROM orders\n  WHERE false\n" in out
+    assert "\n[...SQL truncated]\n" in out and sql not in out
+    assert 'Visualization #17 "Revenue by region"' in out  # what follows the SQL stays
+    assert "(3 older exchanges omitted)" in out
+    assert count_tokens(out) > 1200  # the SQL is cut to the budget, not dropped
+
+
+def test_a_view_says_how_many_exchanges_it_left_out_even_when_none_fit() -> None:
+    ctx = ConversationContext(
+        thread_id=uuid.UUID(int=1), recent=[_ex(i, query="why " * 300) for i in (1, 2, 3)]
+    )
+    for budget in range(0, 40):
+        out = render_conversation_context(ctx, "brief", budget)
+        assert count_tokens(out) <= budget
+        shown = [i for i in (1, 2, 3) if f"[#{i}] User:" in out]
+        left_out = 3 - len(shown)
+        if left_out and out:
+            older = "older " if shown else ""
+            assert f"({left_out} {older}exchanges omitted)" in out, (budget, out)
+    assert "[#3] User: why why" in render_conversation_context(ctx, "brief", 30)
 
 
 def test_bad_focus_and_budget_are_rejected() -> None:
@@ -171,3 +214,8 @@ def test_view_never_exceeds_budget_and_keeps_summary(
             assert f"[#{ctx.recent[-1].seq}] User: " in out
     kept = [e.seq for e in ctx.recent if f"[#{e.seq}] User: " in out]
     assert kept == [e.seq for e in ctx.recent][len(ctx.recent) - len(kept) :]
+    if ctx.recent and budget >= NEWEST_ALWAYS_FROM:
+        # The newest exchange is always in the view, and the view counts what it left out.
+        assert f"[#{ctx.recent[-1].seq}] User: " in out
+        if len(kept) < len(ctx.recent):
+            assert f"({len(ctx.recent) - len(kept)} older exchanges omitted)" in out
