@@ -6,8 +6,10 @@ threads; `purge_batch` removes them, all or nothing:
   1. lock the chosen thread rows (`FOR UPDATE`): a finalize of those threads waits, and a
      finalize that had already claimed its seq has committed its turn (deleted below too);
   2. delete their Redis working copies and leave the marker that refuses every later copy
-     write (`WorkingCopy.forget`) — if Redis cannot be reached the batch is rolled back and
-     nothing is deleted (`DeleteFailed`): a copy left behind would keep serving the turns;
+     write (`WorkingCopy.forget`), under this process's key prefix and every other one on
+     record in `memory_settings_seen` (a process still on an old prefix serves its own) — if
+     Redis cannot be reached the batch is rolled back and nothing is deleted
+     (`DeleteFailed`): a copy left behind would keep serving the turns;
   3. delete the turns, the thread rows and the LangGraph checkpoints of the threads' runs,
      insert the tombstones (id and time only) and, with Langfuse configured, the trace purge
      requests; COMMIT.
@@ -40,6 +42,8 @@ from memory_core.events import MEMORY_THREAD_DELETED, emit_thread_events
 from memory_core.logs import describe_error, get_logger
 from memory_core.metrics import THREADS_DELETED
 from memory_core.models import ConversationThread, PendingTracePurge, ThreadMessage, ThreadTombstone
+from memory_core.settings_check import seen_key_prefixes
+from memory_core.working_copy import WorkingCopy
 
 log = get_logger(__name__)
 
@@ -117,9 +121,16 @@ def _purge(
             if not ids:
                 txn.rollback()
                 return PurgeReport(), []
+            others = _copies_under_other_prefixes(memory, conn)
+            forgotten: list[WorkingCopy] = []
             try:
                 copies = memory.forget_copies(ids)
+                forgotten.append(memory.copy)
+                for other in others:
+                    copies += other.forget(ids)
+                    forgotten.append(other)
             except CACHE_ERRORS as exc:
+                _unforget(forgotten, ids)  # the prefixes done before Redis failed
                 raise DeleteFailed(
                     f"nothing was deleted: Redis failed ({describe_cache_error(exc)}); "
                     "the working copies must go with the threads. Try again."
@@ -127,7 +138,7 @@ def _purge(
             try:
                 report = _delete_rows(conn, ids, memory.settings.langfuse_configured)
             except BaseException:
-                _unforget(memory, ids)
+                _unforget([memory.copy, *others], ids)
                 raise
             report.copies = copies
         except BaseException:
@@ -148,13 +159,25 @@ def _delete_rows(conn: Connection, ids: list[uuid.UUID], request_trace_purge: bo
     return PurgeReport(threads=threads, turns=turns, checkpoints=checkpoints, batches=1)
 
 
-def _unforget(memory: RedisConversationMemory, ids: list[uuid.UUID]) -> None:
+def _copies_under_other_prefixes(
+    memory: RedisConversationMemory, conn: Connection
+) -> list[WorkingCopy]:
+    """The same Redis seen through every other key prefix on record (memory_settings_seen):
+    after a prefix change, processes still on the old one read and write their own copies."""
+    prefixes = sorted(seen_key_prefixes(conn) - {memory.key_prefix})
+    own = memory.copy
+    return [WorkingCopy(own.client, key_prefix=p, ttl_ms=own.ttl_ms, cap=own.cap) for p in prefixes]
+
+
+def _unforget(copies: list[WorkingCopy], ids: list[uuid.UUID]) -> None:
     """The rows stay (rolled back): lift the markers so their copies work again. Best effort:
     a marker left behind only makes those threads read from Postgres until it expires."""
-    try:
-        memory.copy.unforget(ids)
-    except Exception as exc:
-        log.warning("memory.unforget_failed", threads=len(ids), error=describe_error(exc))
+    for copy in copies:
+        try:
+            copy.unforget(ids)
+        except Exception as exc:
+            log.warning("memory.unforget_failed", threads=len(ids), error=describe_error(exc))
+            return
 
 
 def sweep_late_checkpoints(memory: RedisConversationMemory, *, window_h: float = 24) -> int:

@@ -13,12 +13,14 @@ The fingerprint holds settings only, never content.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import delete, literal_column, select
 from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.engine import Connection
 from sqlalchemy.sql import func
 
 from memory_core.logs import get_logger
@@ -36,6 +38,7 @@ FORGET_AFTER = "7 days"
 _MAX_ANNOUNCED = 64
 _announced: dict[tuple[object, ...], float] = {}
 _lock = threading.Lock()
+_PREFIX = re.compile(r"key_prefix=(.+?) compression_threshold=")
 
 
 def fingerprint(memory: RedisConversationMemory) -> str:
@@ -98,6 +101,13 @@ def check(memory: RedisConversationMemory, fp: str) -> list[str]:
     if others:
         log.warning("memory.settings_disagree", here=fp, elsewhere=others)
     return others
+
+
+def seen_key_prefixes(conn: Connection) -> set[str]:
+    """The key prefixes of every fingerprint on record (the last 7 days): a delete removes
+    a thread's copies under each, since a process still on an old prefix serves its own."""
+    fingerprints = conn.scalars(select(Seen.fingerprint))
+    return {m.group(1) for fp in fingerprints if (m := _PREFIX.match(fp))}
 
 
 def _ago(interval: str) -> Any:
