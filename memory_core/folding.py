@@ -51,11 +51,12 @@ from memory_core.summary_tail import (
     ARTIFACT_TAIL_MARKER,
     ARTIFACT_TAIL_TURNS,
     artifact_tail,
+    fit_lines,
     stored_summary_bound,
     strip_artifact_tail,
     with_tail,
 )
-from memory_core.tokens import count_tokens, truncate_to_tokens, turn_size
+from memory_core.tokens import count_tokens, turn_size
 
 log = get_logger(__name__)
 
@@ -182,14 +183,15 @@ class Folder:
             tid, upto, turns, result.prompt, carried, fallback=fallback, again=again
         )
 
-    @staticmethod
-    def _carried(previous: str | None, turns: list[Exchange], result: Any) -> CarriedForward:
-        """The standing instructions the new summary must keep (counted), and the token counts."""
+    def _carried(self, previous: str | None, turns: list[Exchange], result: Any) -> CarriedForward:
+        """The standing instructions the new summary must keep (counted), and the token counts.
+        Restored ones get their room within the bound first: the rest is cut at line ends."""
         for kind in ("input", "output"):
             LLM_TOKENS.labels(kind).inc(getattr(result, f"{kind}_tokens", None) or 0)
         if result.prompt == LLM_FREE_LABEL:  # the LLM-free fold carries them by construction
             return CarriedForward(result.text)
-        carried = carry_forward(previous, turns, result.text)
+        limit = self.settings.memory_summary_max_tokens
+        carried = carry_forward(previous, turns, storable(result.text).strip(), limit)
         INSTRUCTIONS.labels("restored").inc(carried.restored)
         INSTRUCTIONS.labels("superseded_dropped").inc(carried.superseded_dropped)
         return carried
@@ -247,8 +249,8 @@ class Folder:
         """What is stored: the summarizer's text (storable, within its bound) + the tail."""
         limit = self.settings.memory_summary_max_tokens
         clean = storable(text).strip()
-        if count_tokens(clean) > limit:  # a summarizer that ignored its bound
-            clean = truncate_to_tokens(clean, limit).rstrip()
+        if count_tokens(clean) > limit:  # a summarizer that ignored its bound: whole lines
+            clean = fit_lines(clean.splitlines(), limit)
         return with_tail(clean, turns, limit)
 
     def _fold_upto(self, through: int, last_seq: int) -> int | None:

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -258,3 +260,54 @@ def openai_messages(messages: list[ChatMessage]) -> list[ChatCompletionMessagePa
         else:
             out.append(ChatCompletionUserMessageParam(role="user", content=content))
     return out
+
+
+# ---------------------------------------------------------------- an answer that is the prompt
+
+# A sentence of the prompt's own text this long, found whole in an answer, is the prompt
+# echoed back: no summary repeats "Extend the previous summary with the new conversation
+# turns below." Shorter ones ("Do not invent facts.") a summary may say in its own right.
+ECHO_MIN_WORDS = 6
+_WORD = re.compile(r"\w+")
+_SENTENCE_END = re.compile(r"(?<=[.!?:;])\s+|\n+")
+_TAG = re.compile(r"</?[a-z_]+>")
+# Lines of the conversation block that are the transcript itself (summarizer.render_conversation).
+_TRANSCRIPT = ("User: ", "Assistant: ")
+
+
+def _phrase(text: str) -> str:
+    return " " + " ".join(_WORD.findall(text.casefold())) + " "
+
+
+def _template_parts(messages: Sequence[ChatMessage], values: Sequence[str]) -> list[str]:
+    """The prompt's own text: every message with the values filled into it cut out."""
+    parts = [m["content"] for m in messages]
+    for value in sorted((v for v in values if v.strip()), key=len, reverse=True):
+        parts = [piece for part in parts for piece in part.split(value)]
+    return parts
+
+
+def prompt_echo(answer: str, messages: Sequence[ChatMessage], values: Sequence[str]) -> str | None:
+    """Why `answer` is the prompt sent (`messages`, with `values` filled in) rather than a
+    summary of it, or None: it repeats a whole sentence of the template or one of its tags,
+    or it quotes the conversation's transcript lines. Read from the rendered messages, so a
+    Langfuse-managed prompt is recognised as well as the built-in one."""
+    said = _phrase(answer)
+    filled = [_phrase(v) for v in values]
+    for part in _template_parts(messages, values):
+        for tag in set(_TAG.findall(part)) & set(_TAG.findall(answer)):
+            return f"its tag {tag}"
+        # Its sentences, and its lines: a line may hold the end of one and the start of another.
+        for sentence in _SENTENCE_END.split(part) + part.splitlines():
+            phrase = _phrase(sentence)
+            if len(phrase.split()) < ECHO_MIN_WORDS or phrase not in said:
+                continue
+            if not any(phrase in v for v in filled):  # else the user typed it: data
+                return "a sentence of its template"
+    transcript = {
+        line.strip() for v in values for line in v.splitlines() if line.startswith(_TRANSCRIPT)
+    }
+    quoted = {line.strip() for line in answer.splitlines()} & transcript
+    if quoted and (len(quoted) >= 2 or quoted == transcript):
+        return f"{len(quoted)} lines of the conversation"
+    return None

@@ -35,6 +35,7 @@ from memory_core.prompts import (
     langfuse_prompt,
     make_langfuse_client,
     openai_messages,
+    prompt_echo,
 )
 from memory_core.settings import Settings, get_settings
 from memory_core.tokens import count_tokens
@@ -158,6 +159,27 @@ def validate_summary(raw: str | None, max_tokens: int) -> str:
     return text
 
 
+def finished_content(choice: Any) -> str:
+    """The text of a completion that finished (`finish_reason` "stop") as an answer in words,
+    or SummarizationError. A refusal, a content filter's cut, a cut at the token bound or a
+    tool call is never a summary, whatever text came with it. A refusal or a content filter
+    is the provider's verdict on this input: no retry can fix it (an LLM-free fold at once)."""
+    message = choice.message
+    reason = choice.finish_reason
+    if getattr(message, "refusal", None):
+        raise SummarizationError("LLM refused the request (refusal)", retryable=False)
+    if reason == "content_filter":
+        raise SummarizationError("LLM answer cut by the content filter", retryable=False)
+    if reason == "length":
+        raise SummarizationError("invalid summary: LLM answer truncated at the token bound")
+    if getattr(message, "tool_calls", None) or getattr(message, "function_call", None):
+        raise SummarizationError("LLM answered with a tool call instead of a summary")
+    if reason != "stop":
+        label = one_line(str(reason), 40)  # the provider's word, never content
+        raise SummarizationError(f"LLM answer did not finish (finish_reason {label})")
+    return str(message.content or "")
+
+
 # Statuses whose request no retry can fix: malformed or too long (400), refused as such
 # (403 content policy, 404 unknown model, 413, 422). 401 (bad key) is an operator's fix:
 # retried, like 408/409/429/5xx, until the attempts run out.
@@ -256,14 +278,15 @@ class ConversationSummarizer:
         )
         generation = self._start_generation(lf, thread_id, resolved, len(exchanges))
         try:
-            result = self._call_llm(resolved)
+            result = self._call_llm(resolved, (previous, conversation, standing))
         except SummarizationError as exc:
             self._end_generation(lf, generation, error=str(exc))
             raise
         self._end_generation(lf, generation, result=result)
         return result
 
-    def _call_llm(self, resolved: ResolvedPrompt) -> SummaryResult:
+    def _call_llm(self, resolved: ResolvedPrompt, values: Sequence[str]) -> SummaryResult:
+        """One completion, validated; `values`: what was filled into the prompt's template."""
         s = self.settings
         try:
             completion = self._llm().chat.completions.create(
@@ -283,9 +306,9 @@ class ConversationSummarizer:
         choice = completion.choices[0] if completion.choices else None
         if choice is None:
             raise SummarizationError("LLM returned no choices")
-        if choice.finish_reason == "length":
-            raise SummarizationError("invalid summary: LLM answer truncated at the token bound")
-        text = validate_summary(storable(choice.message.content or ""), s.memory_summary_max_tokens)
+        text = validate_summary(storable(finished_content(choice)), s.memory_summary_max_tokens)
+        if why := prompt_echo(text, resolved.messages, values):
+            raise SummarizationError(f"LLM echoed its prompt instead of a summary ({why})")
         usage = completion.usage
         return SummaryResult(
             text=text,

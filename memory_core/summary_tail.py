@@ -27,6 +27,37 @@ _MIN_CUT_TOKENS = 16
 _MARKER_TOKENS = count_tokens(ARTIFACT_TAIL_MARKER)
 
 
+CUT_LINE_MARKER = " [...]"
+
+
+def fit_lines(lines: list[str], max_tokens: int | None) -> str:
+    """`lines` joined, within `max_tokens`: the lines that do not fit go from the end, whole,
+    and so does a header or blank line left dangling at the end. Only a first line that alone
+    is over the bound is cut, at a word, and says so."""
+    text = "\n".join(lines).strip("\n")
+    if max_tokens is None or count_tokens(text) <= max_tokens:
+        return text
+    kept: list[str] = []
+    used = 0
+    for line in lines:
+        cost = count_tokens(line) + 1  # + the line break joining it
+        if used + cost > max_tokens:
+            break
+        kept.append(line)
+        used += cost
+    # A count of a join can differ from the sum of its parts at the seams.
+    while kept and count_tokens("\n".join(kept)) > max_tokens:
+        kept.pop()
+    while kept and (not kept[-1].strip() or kept[-1].rstrip().endswith(":")):
+        kept.pop()
+    if kept:
+        return "\n".join(kept).strip("\n")
+    first = next((line for line in lines if line.strip()), "")
+    room = max(max_tokens - count_tokens(CUT_LINE_MARKER), 0)
+    cut = truncate_to_tokens(first, room)
+    return cut.rsplit(" ", 1)[0].rstrip() + CUT_LINE_MARKER if " " in cut else cut
+
+
 def tail_budget(summary_max_tokens: int) -> int:
     return summary_max_tokens // 2
 
