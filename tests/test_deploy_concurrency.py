@@ -1,6 +1,7 @@
 """What deployments do at once: migrations started together from several places (a Kubernetes
 Job, a compose `migrate`, an init container) on a fresh database all succeed, and leave the
-schema a single run leaves."""
+schema a single run leaves; workers started together on a fresh database and broker (each
+declaring the queues) all come up and share the jobs, each landing once."""
 
 from __future__ import annotations
 
@@ -17,10 +18,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import create_engine, make_url, text
 
+from memory_core.devservices.poll import wait_for
+from memory_core.devservices.workers import WorkerProcess
 from memory_core.migrate import upgrade
 from memory_core.settings import get_settings
 from tests.support import REPO
+from tests.support.brokers import BROKERS
 from tests.support.commands import run_module
+from tests.support.snapshots import make_snapshot
+from tests.support.workers import producer, send_finalize
 
 SCHEMA = """
 SELECT 'column', c.table_schema || '.' || c.table_name || '.' || c.column_name,
@@ -160,3 +166,40 @@ def test_checkpointer_setups_at_once_all_succeed(databases: Databases) -> None:
         pytest.skip("the langgraph extra is not installed")
     url = databases.fresh()
     _all_at_once(4, partial(setup_checkpointer, url))
+
+
+@pytest.mark.parametrize("broker", BROKERS, indirect=True)
+def test_workers_started_at_once_on_a_fresh_database_all_serve_each_job_once(
+    databases: Databases, start_worker: Callable[..., WorkerProcess], broker: str
+) -> None:
+    """Three finalize workers started together (a rollout: each declares the queues, with
+    their quorum and dead-letter arguments on RabbitMQ, and records its settings) on a freshly
+    migrated database: all are ready, and 30 turns sent to them land once each, in order."""
+    url = databases.fresh()
+    upgrade(url)
+    fresh = {"DATABASE_URL": url}
+    started: list[WorkerProcess] = []
+    _all_at_once(
+        3, lambda: started.append(start_worker(queues="memory.finalize", concurrency=1, env=fresh))
+    )
+    assert len(started) == 3
+    assert all(w.proc is not None and w.proc.poll() is None for w in started)
+    agent, tid = producer(broker), uuid.uuid4()
+    for n in range(1, 31):
+        send_finalize(agent, make_snapshot(tid, n))
+    engine = create_engine(url)
+    try:
+
+        def seqs() -> list[int] | None:
+            with engine.connect() as conn:
+                got = list(
+                    conn.scalars(
+                        text("SELECT seq FROM thread_messages WHERE thread_id = :t ORDER BY seq"),
+                        {"t": tid},
+                    )
+                )
+            return got if len(got) >= 30 else None
+
+        assert wait_for(seqs, timeout_s=120, what="30 turns") == list(range(1, 31))
+    finally:
+        engine.dispose()
