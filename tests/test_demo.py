@@ -41,10 +41,16 @@ def test_demo_end_to_end(tmp_path: Path, broker: str) -> None:
     out = proc.stdout
     assert proc.returncode == 0, f"exit {proc.returncode}\n{out[-6000:]}\n{proc.stderr[-4000:]}"
 
-    # Reachable services are used as they are; the broker is the session's explicit one.
+    # Reachable services are used as they are; the broker is one of the run's own: the
+    # session's (emptied) Redis db, claimed, or a vhost made for the run.
     assert "using PostgreSQL at" in out
     assert "using Redis at" in out
-    assert "(CELERY_BROKER_URL;" in out
+    if broker.startswith("amqp"):
+        assert re.search(r"vhost agent_memory_demo_\w+ made for this run, deleted at the end", out)
+        assert re.search(r"broker: deleted vhost agent_memory_demo_\w+", out)
+    else:
+        assert "(CELERY_BROKER_URL; empty, claimed for this run)" in out
+        assert "keys of this run)" in out
     assert "summaries: LLM-free deterministic fold" in out
     assert re.search(r"worker demo-\w+-1 ready", out)
 

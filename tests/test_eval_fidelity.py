@@ -289,8 +289,9 @@ def test_an_unreachable_broker_is_one_line_and_exit_1(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.workers  # the eval command starts one
 @pytest.mark.timeout(SMOKE_TIMEOUT_S + 60)
-def test_a_smoke_run_through_the_real_cli(tmp_path: Path) -> None:
-    """Two conversations through a real worker on this session's services (conftest's env)."""
+def test_a_smoke_run_through_the_real_cli(tmp_path: Path, broker: str) -> None:
+    """Two conversations through a real worker on this session's services (conftest's env);
+    `broker` empties the session's broker db: the run uses only an empty one."""
     proc = _eval(tmp_path, "--limit", "2", "--json")
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stderr[-4000:]}"
     report = json.loads(proc.stdout)  # stdout is the report alone
@@ -324,7 +325,7 @@ def test_a_smoke_run_through_the_real_cli(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.workers  # the eval command starts one
 @pytest.mark.timeout(SMOKE_TIMEOUT_S + 60)
-def test_with_an_llm_the_report_says_so(tmp_path: Path, llm: FakeLLMServer) -> None:
+def test_with_an_llm_the_report_says_so(tmp_path: Path, llm: FakeLLMServer, broker: str) -> None:
     """OPENAI_BASE_URL set: the worker folds with the LLM (here the fake one), same report."""
     keys = dict(OPENAI_BASE_URL=llm.base_url, OPENAI_API_KEY="sk-test")
     proc = _eval(tmp_path, "--limit", "1", "--json", LANGFUSE_PUBLIC_KEY="", **keys)

@@ -19,6 +19,10 @@ where it holds no lock. Everything else is as before: a signal that lands outsid
 (startup, a reconnect, the shutdown itself) or during the deferred shutdown (a second Ctrl+C
 must still cut it short) runs Celery's handler at once, and one recorded just before the loop
 stops (a broker connection lost at the same moment) runs when this step stops.
+
+SIGHUP ends the worker as SIGTERM does. Celery makes it a restart (an exec of the same command)
+when stdout is not a terminal, and leaves it fatal otherwise; a worker that a hangup restarts
+outlives the command, the supervisor or the terminal that started it.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from types import FrameType
 from typing import Any
 
 from celery import bootsteps
+from celery.signals import worker_init
 from celery.utils.threads import bound_open_broker_sockets
 from celery.worker.consumer import Consumer
 from celery.worker.worker import SHUTDOWN_SOCKET_TIMEOUT
@@ -134,3 +139,24 @@ class DeferShutdownSignals(bootsteps.StartStopStep):
 
     def shutdown(self, c: Consumer) -> None:
         _DEFERRAL.detach()
+
+
+def _hangup_as_sigterm(signum: int, frame: FrameType | None) -> Any:
+    handler = signal.getsignal(signal.SIGTERM)  # Celery's current one, wrapped as above
+    if callable(handler):
+        return handler(signum, frame)
+    raise SystemExit(128 + signum)
+
+
+@worker_init.connect
+def _end_on_hangup(sender: Any = None, **_: Any) -> None:
+    """Install SIGHUP = SIGTERM right after Celery installs its handlers (`on_start`)."""
+    tweaks = getattr(sender, "install_platform_tweaks", None)
+    if tweaks is None or threading.current_thread() is not threading.main_thread():
+        return
+
+    def install_platform_tweaks(worker: Any) -> None:
+        tweaks(worker)
+        signal.signal(signal.SIGHUP, _hangup_as_sigterm)
+
+    sender.install_platform_tweaks = install_platform_tweaks

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
 import time
 import uuid
@@ -34,10 +35,12 @@ from memory_core.cli.demo_script import CONVERSATION, FOLLOW_UP, OWNER, VIEWS, T
 from memory_core.context import ConversationContext
 from memory_core.conversation_memory import RedisConversationMemory
 from memory_core.db import get_engine, reset_engines
-from memory_core.devservices import DevServices, ensure_services
+from memory_core.devservices import DevServices, ensure_services, signals
 from memory_core.devservices.poll import WaitTimeout, wait_for
 from memory_core.devservices.ports import free_port
-from memory_core.devservices.rabbitmq import purge_queues
+from memory_core.devservices.private_broker import PrivateBroker, claim_redis_db, create_vhost
+from memory_core.devservices.signals import Interrupted, deferred, ending_on_signals
+from memory_core.devservices.system import DevServicesError
 from memory_core.devservices.workers import QUEUES, WorkerProcess
 from memory_core.events import MEMORY_SUMMARIZATION_FAILED as FOLD_FAILED
 from memory_core.events import MEMORY_SUMMARIZED as FOLDED
@@ -54,7 +57,7 @@ BUDGET = 1000  # tokens per node view
 # tokens), which would leave no room for recent exchanges in an 800-token view. An explicit
 # MEMORY_SUMMARY_MAX_TOKENS wins.
 DEMO_BOUND = "400"
-BROKER_DB = 2  # dedicated broker db, unless CELERY_BROKER_URL is set explicitly
+BROKER_DB = 2  # the broker db claimed on REDIS_URL's server, unless CELERY_BROKER_URL is set
 WORKER_LOG_TAIL = 30  # lines of a worker's log shown when it did not stop cleanly
 LLM_FREE = (
     "summaries: LLM-free deterministic fold (set OPENAI_BASE_URL/OPENAI_API_KEY to use an LLM)"
@@ -85,6 +88,7 @@ class Demo:
         self.run_id = uuid.uuid4().hex[:8]
         self.stream = f"memory:events:demo:{self.run_id}"
         self.services: DevServices | None = None
+        self.broker: PrivateBroker | None = None
         self.workers: list[WorkerProcess] = []
         self.settings = Settings()
         self.thread_id = uuid.uuid4()
@@ -109,9 +113,8 @@ class Demo:
             out.print(f"using PostgreSQL at {_safe(services.database_url)}")
         if "Redis" not in private:
             out.print(f"using Redis at {_safe(services.redis_url)}")
-        explicit = s.celery_broker_url != s.redis_url and "Redis" not in private
-        dedicated = urlunsplit(urlsplit(services.redis_url)._replace(path=f"/{BROKER_DB}"))
-        broker = s.celery_broker_url if explicit else dedicated
+        self.broker = self.own_broker(services.redis_url)
+        broker = self.broker.url
         update = dict(database_url=services.database_url, redis_url=services.redis_url)
         update |= dict(celery_broker_url=broker, memory_events_stream=self.stream)
         self.settings = s = s.model_copy(update=update)
@@ -120,14 +123,11 @@ class Demo:
         # The agent side: a Celery app of its own that knows the memory jobs only by name.
         self.producer = Celery("analytics-agent", broker=broker, set_as_current=False)
         self.producer.conf.update(task_serializer="json", broker_connection_retry=False)
+        # Celery prefers CELERY_BROKER_URL to `broker=`; the read/write URLs win over both.
+        self.producer.conf.update(broker_read_url=broker, broker_write_url=broker)
         if is_amqp(broker):  # a send that returned is on the broker's disk
             self.producer.conf.broker_transport_options = {"confirm_publish": True}
-        where = "CELERY_BROKER_URL" if explicit else f"dedicated db {BROKER_DB}"
-        try:
-            purged = self.purge()
-        except Exception as exc:
-            raise DemoError(f"cannot reach the broker at {_safe(broker)}: {exc}") from exc
-        out.print(f"Celery broker: {_safe(broker)} ({where}; purged {purged} stale jobs)")
+        out.print(f"Celery broker: {_safe(broker)} ({self.broker.why})")
         llm = f"LLM {s.memory_summarizer_model} at {s.openai_base_url or 'api.openai.com'}"
         out.print(f"summaries: {llm}" if s.llm_configured else LLM_FREE)
         out.print(f"summary bound {self.bound} tokens (MEMORY_SUMMARY_MAX_TOKENS, default 1500)")
@@ -310,18 +310,30 @@ class Demo:
             logs = ", ".join(str(w.log_path) for w in self.workers) or "no worker started"
             raise DemoError(f"{exc} ({logs})") from None
 
-    def purge(self) -> int:
-        url = self.settings.celery_broker_url
-        if is_amqp(url):  # queues that do not exist yet (no worker ran) are skipped
-            return sum(purge_queues(url, QUEUES.split(",")).values())
-        with self.producer.connection_for_write() as conn:
-            return sum(int(conn.default_channel.queue_purge(q) or 0) for q in QUEUES.split(","))
+    def own_broker(self, redis_url: str) -> PrivateBroker:
+        """A broker of this run's own, never one agents may use (devservices.private_broker):
+        CELERY_BROKER_URL when set apart from REDIS_URL (a RabbitMQ vhost made for the run,
+        or its Redis database if empty), else db BROKER_DB of REDIS_URL's server if empty."""
+        s = self.settings
+        explicit = s.celery_broker_url != s.redis_url
+        url = s.celery_broker_url if explicit else _redis_db(redis_url, BROKER_DB)
+        why = "CELERY_BROKER_URL" if explicit else f"db {BROKER_DB} of REDIS_URL's server"
+        try:
+            if is_amqp(url):
+                return create_vhost(url, self.run_id)
+            return claim_redis_db(url, self.run_id, why)
+        except DevServicesError as exc:
+            raise DemoError(str(exc)) from None
+        except Exception as exc:
+            raise DemoError(f"cannot reach the broker at {_safe(url)}: {exc}") from exc
 
     def stop(self) -> list[str]:
         """Stop what this run started (workers first, private servers last); the errors."""
         steps: list[tuple[str, Callable[[], object]]] = [(w.name, w.stop) for w in self.workers]
         if hasattr(self, "producer"):
-            steps += [("broker purge", self.purge), ("producer", self.producer.close)]
+            steps += [("producer", self.producer.close)]
+        if self.broker is not None:  # only the broker it made its own, and once its workers end
+            steps += [("the run's broker", partial(self._release_broker, self.broker))]
         if hasattr(self, "memory"):
             redis = self.memory.redis
             streams = (self.stream, routine_stream(self.stream))
@@ -331,11 +343,12 @@ class Demo:
         if self.services is not None:
             steps.append(("private services", self.services.stop))
         errors: list[str] = []
-        for what, step in steps:
-            try:
-                step()
-            except Exception as exc:
-                errors.append(f"stopping {what}: {_first_line(exc)}")
+        with deferred(raise_after=False):  # a signal now must not cut the stop short
+            for what, step in steps:
+                try:
+                    step()
+                except Exception as exc:
+                    errors.append(f"stopping {what}: {_first_line(exc)}")
         for w in self.workers:
             self.out.print(f"stopped worker {w.name} (exit code {w.exit_code})")
             if w.exit_code != 0:  # an unclean stop fails the demo and shows why (log kept)
@@ -344,6 +357,9 @@ class Demo:
         if self.services is not None and self.services.started:
             self.out.print("stopped the private PostgreSQL/Redis this demo started")
         return errors
+
+    def _release_broker(self, broker: PrivateBroker) -> None:
+        self.out.print(f"broker: {broker.release()}")
 
     def recap(self, wall_s: float) -> None:
         s, out = self.settings, self.out
@@ -385,21 +401,32 @@ def _retry_logged(worker: WorkerProcess) -> bool:
 
 
 def run_demo(data_dir: Path | None = None) -> int:
-    """Play the demo; 0 on success, else a one-line error on stderr and a non-zero code."""
+    """Play the demo; 0 on success, else a one-line error on stderr and a non-zero code.
+
+    SIGTERM, SIGINT and SIGHUP all end it, and everything it started ends with it: the first
+    signal raises `Interrupted` where the demo is (devservices.signals), the stop then runs to
+    its end. It raises at most once, so a stop it cut short is run again (each step is
+    idempotent), and the exit code is 128 + the signal.
+    """
     t0 = time.monotonic()
     out, err = Console(highlight=False), Console(stderr=True, highlight=False)
     demo = Demo(out, (data_dir or Path.cwd() / ".agent-memory" / "demo").resolve())
-    code, error = 0, ""
-    try:
-        demo.data_dir.mkdir(parents=True, exist_ok=True)
-        demo.run()
-    except KeyboardInterrupt:
-        code, error = 130, "interrupted"
-    except Exception as exc:
-        code, error = 1, _first_line(exc)
-    finally:
-        out.rule("[bold]cleaning up")
-        stop_errors = demo.stop()
+    code, error, played = 0, "", False
+    stop_errors: list[str] | None = None
+    with ending_on_signals():
+        while stop_errors is None:
+            try:
+                signals.arm()
+                if not played:
+                    played = True
+                    code, error = _play(demo)
+                out.rule("[bold]cleaning up")
+                stop_errors = demo.stop()
+            except Interrupted:
+                continue
+        signum = signals.received()
+    if signum is not None:
+        code, error = 128 + signum, f"stopped by {signal.Signals(signum).name}"
     if stop_errors and not code:
         code, error = 1, "; ".join(stop_errors)
     if code:
@@ -409,3 +436,18 @@ def run_demo(data_dir: Path | None = None) -> int:
         w.log_path.unlink(missing_ok=True)
     demo.recap(time.monotonic() - t0)
     return 0
+
+
+def _play(demo: Demo) -> tuple[int, str]:
+    try:
+        demo.data_dir.mkdir(parents=True, exist_ok=True)
+        demo.run()
+    except KeyboardInterrupt:
+        return 130, "interrupted"
+    except Exception as exc:
+        return 1, _first_line(exc)
+    return 0, ""
+
+
+def _redis_db(url: str, db: int) -> str:
+    return urlunsplit(urlsplit(url)._replace(path=f"/{db}"))

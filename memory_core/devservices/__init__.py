@@ -10,8 +10,10 @@ data dirs, and private servers still running from an earlier call, are reused.
 what it started running (`--stop` stops it).
 
 The modules, one job each: `postgres` and `redis_server` (reach or start each server),
-`system` (users, locks, liveness), `workers` (Celery worker subprocesses), `fake_llm` (a local
-OpenAI-compatible server), `poll` (wait until something holds), `ports` (free local ports).
+`system` (users, locks, liveness), `signals` (a command ends what it started on SIGTERM,
+SIGINT and SIGHUP), `private_broker` (the demo's own vhost or Redis database), `workers`
+(Celery worker subprocesses), `fake_llm` (a local OpenAI-compatible server), `poll` (wait
+until something holds), `ports` (free local ports).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from memory_core.devservices.postgres import (
     stop_postgres,
 )
 from memory_core.devservices.redis_server import redis_reachable, start_redis, stop_redis
+from memory_core.devservices.signals import deferred
 from memory_core.devservices.system import DevServicesError, locked
 
 __all__ = [
@@ -57,9 +60,10 @@ class DevServices:
         errors: list[str] = []
         while self._stoppers:
             try:
-                self._stoppers.pop()()
+                self._stoppers[-1]()  # popped once done: a stop cut short is run again
             except Exception as exc:
                 errors.append(str(exc))
+            self._stoppers.pop()
         if errors:
             raise DevServicesError("; ".join(errors))
 
@@ -87,9 +91,10 @@ def ensure_services(
     try:
         with locked(data_dir):
             if not pg_reachable(database_url):
-                pg = start_postgres(data_dir)
-                services.pg_data_dir = pg.root
-                services._record(pg.note, pg.stop)
+                with deferred():  # started and recorded as one step: a signal waits for both
+                    pg = start_postgres(data_dir)
+                    services.pg_data_dir = pg.root
+                    services._record(pg.note, pg.stop)
                 url = url.set(
                     host="127.0.0.1", port=pg.port, username="postgres", password=None, query={}
                 )
@@ -99,8 +104,9 @@ def ensure_services(
                 services.notes.append(f"created database {dbname}")
             services.redis_url = redis_url
             if not redis_reachable(redis_url):
-                rs = start_redis(data_dir)
-                services._record(rs.note, rs.stop)
+                with deferred():
+                    rs = start_redis(data_dir)
+                    services._record(rs.note, rs.stop)
                 parts = urlsplit(redis_url)
                 services.redis_url = urlunsplit(
                     ("redis", f"127.0.0.1:{rs.port}", parts.path or "/0", parts.query, "")

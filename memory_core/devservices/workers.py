@@ -9,6 +9,7 @@ MEMORY_WORKER_SOFT_SHUTDOWN_S to finish, everything else the worker holds goes b
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -20,11 +21,28 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Self
 
-from memory_core.devservices.poll import wait_for
+from memory_core.devservices.poll import WaitTimeout, wait_for
+from memory_core.devservices.signals import deferred
 from memory_core.fold_publisher import FINALIZE_QUEUE, FOLD_QUEUE, WORKER_APP
 
 QUEUES = f"{FINALIZE_QUEUE},{FOLD_QUEUE}"
 LOG_TAIL_CHARS = 4000
+
+
+def _exited(pid: int, timeout_s: float) -> bool:
+    """Wait until child `pid` has exited, without reaping it (its pid stays its own)."""
+
+    def done() -> bool:
+        try:
+            return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+        except ChildProcessError:  # reaped already
+            return True
+
+    try:
+        wait_for(done, timeout_s, f"process {pid} to exit", interval_s=0.02)
+    except WaitTimeout:
+        return False
+    return True
 
 
 class WorkerExited(RuntimeError):
@@ -76,7 +94,7 @@ class WorkerProcess:
     def start(self, timeout_s: float = 60) -> Self:
         """Start it and wait until it is ready (WorkerExited if it exits first)."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as log:
+        with self.log_path.open("ab") as log, deferred():  # started and recorded as one step
             self.proc = subprocess.Popen(
                 self.argv,
                 cwd=self.cwd,
@@ -126,17 +144,18 @@ class WorkerProcess:
 
     def stop(self, timeout_s: float = 60) -> int:
         """SIGTERM (soft shutdown), wait; SIGKILL the whole group if it outlasts `timeout_s`,
-        after writing where each of its processes was stuck to its log. Returns the exit code
-        (-9: it hung)."""
+        after writing where each of its processes was stuck to its log. Whatever of its group
+        outlived it is killed too. Returns the exit code (-9: it hung). Idempotent."""
         self.stopped = True
         if self.proc is None:
             return 0
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                return self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
+        if self.proc.returncode is None:
+            if not _exited(self.proc.pid, 0):
+                self.proc.send_signal(signal.SIGTERM)
+            if not _exited(self.proc.pid, timeout_s):
                 self._record_hang(timeout_s)
+            # The group leader is a zombie until reaped, so its group id names no one else.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
         return self.proc.wait(10)
 
