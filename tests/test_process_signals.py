@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from memory_core.devservices.ports import free_port
 from memory_core.queues import FINALIZE_QUEUE
 from tests.support.brokers import BROKERS, ready
-from tests.support.commands_signals import Command, queue_foreign_job
+from tests.support.commands_signals import Command, queue_foreign_job, tagged
 
 pytestmark = [pytest.mark.workers, pytest.mark.timeout(900)]
 
@@ -168,3 +168,31 @@ def test_a_signal_at_any_moment_ends_the_command_and_all_it_started(
     if foreign:
         assert ready(url, FINALIZE_QUEUE) == 1, f"{run}: a job it did not create was touched"
     purge(url, [FINALIZE_QUEUE])
+
+
+def _started_children(cmd: Command, timeout_s: float) -> bool:
+    """Whether the command has started processes of its own (its worker and pool)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and cmd.proc.poll() is None:
+        if len([p for p in tagged(cmd.tag) if p != cmd.proc.pid]) >= 2:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["bench", "workers", "--jobs", "20000"], ["eval", "fidelity", "--limit", "3"]],
+    ids=["bench-workers", "eval-fidelity"],
+)
+def test_a_bench_or_eval_ended_by_sigterm_stops_the_workers_it_started(
+    tmp_path: Path, broker: str, args: list[str]
+) -> None:
+    """Item 6 beyond the demo: the bench and the eval start workers of their own too."""
+    if args[0] == "bench":
+        args = [*args, "--broker-url", broker]
+    cmd = Command(args, tmp_path, {"CELERY_BROKER_URL": broker})
+    assert _started_children(cmd, 120), cmd.output[-3000:]
+    code, left = _end(cmd, signal.SIGTERM)
+    assert not left, f"outlived the command: {left}\n{cmd.output[-3000:]}"
+    assert code in (1, 128 + signal.SIGTERM), cmd.output[-3000:]  # the eval: "interrupted"

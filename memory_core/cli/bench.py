@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from memory_core.cli.errors import fail, one_line_errors
+from memory_core.cli.errors import fail, one_line_errors, stops_what_it_started
 from memory_core.settings import get_settings
 
 bench_app = typer.Typer(
@@ -82,6 +82,7 @@ def bench_rss_cmd(turns: Annotated[int, typer.Option(min=1)] = 1000) -> None:
 
 
 @bench_app.command("workers")
+@stops_what_it_started
 @one_line_errors
 def bench_workers_cmd(
     broker_url: Annotated[
@@ -139,6 +140,7 @@ def bench_workers_cmd(
 
 
 @bench_app.command("sizing")
+@stops_what_it_started
 @one_line_errors
 def bench_sizing_cmd(
     *,
@@ -202,6 +204,7 @@ def bench_sizing_cmd(
 
 
 @bench_app.command("forget")
+@stops_what_it_started
 @one_line_errors
 def bench_forget_cmd(
     threads: Annotated[int, typer.Option(min=1)] = 1000,
@@ -217,6 +220,7 @@ def bench_forget_cmd(
 
 
 @bench_app.command("broker")
+@stops_what_it_started
 @one_line_errors
 def bench_broker_cmd(
     broker_url: Annotated[str, typer.Option(help="A Redis broker (database) to bench on.")],
@@ -229,6 +233,7 @@ def bench_broker_cmd(
 
 
 @bench_app.command("publish")
+@stops_what_it_started
 @one_line_errors
 def bench_publish_cmd(
     broker_url: Annotated[
@@ -247,6 +252,7 @@ def bench_publish_cmd(
 
 
 @bench_app.command("async")
+@stops_what_it_started
 @one_line_errors
 def bench_async_cmd(
     *,
@@ -294,6 +300,7 @@ def bench_async_cmd(
 
 
 @bench_app.command("profile")
+@stops_what_it_started
 @one_line_errors
 def bench_profile_cmd(
     calls: Annotated[int, typer.Option(help="Profiled calls of each: saves, first reads.")] = 2000,

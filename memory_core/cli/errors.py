@@ -54,6 +54,26 @@ def one_line_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def stops_what_it_started(fn: F) -> F:
+    """A command that starts processes (workers, servers) ends them on SIGTERM, SIGINT and
+    SIGHUP alike: the signal unwinds its `finally` blocks (later ones wait for them), and the
+    command exits 128 + the signal (memory_core/devservices/signals.py)."""
+
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from memory_core.devservices.signals import Interrupted, arm, ending_on_signals
+
+        with ending_on_signals():
+            try:
+                arm()
+                return fn(*args, **kwargs)
+            except Interrupted as exc:
+                typer.echo(f"error: stopped by {exc}", err=True)
+                raise typer.Exit(exc.exit_code) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
 def safe_url(url: str) -> str:
     from sqlalchemy.engine import make_url
 

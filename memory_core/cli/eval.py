@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from memory_core.cli.errors import fail
+from memory_core.cli.errors import fail, stops_what_it_started
 
 eval_app = typer.Typer(help="Evaluations of what memory keeps.", no_args_is_help=True)
 
@@ -28,6 +28,7 @@ def _one_line(exc: BaseException) -> str:
 
 
 @eval_app.command("fidelity")
+@stops_what_it_started
 def fidelity_cmd(
     limit: Annotated[
         int | None,
