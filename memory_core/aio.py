@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 from urllib.parse import quote
 
+import redis
 import redis.asyncio as aredis
 
 # Imported now, not on the event loop at the first call (psycopg's import takes ~0.1-0.2 s).
@@ -94,8 +95,9 @@ def make_async_redis(url: str, *, socket_timeout: float = 2.0) -> aredis.Redis:
         socket_connect_timeout=1.0,
         socket_timeout=socket_timeout,
         health_check_interval=30,
-        # One quick retry covers a stale pooled connection after a Redis restart.
-        retry=Retry(NoBackoff(), 1),
+        # One quick retry covers a stale pooled connection after a Redis restart; never
+        # after a timeout (a hanging Redis costs one socket timeout per call).
+        retry=Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)),
         decode_responses=False,
     )
     return aredis.Redis.from_pool(pool)  # the client owns the pool: aclose() closes it

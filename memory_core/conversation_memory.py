@@ -316,6 +316,23 @@ class RedisConversationMemory(MemoryClients):
             COPIES_BEHIND.done(self._copy_id, behind)
             log.info("memory.cache_dropped_behind", threads=len(behind))
 
+    def drop_copy_steps(self, thread_id: UUID) -> Steps[None]:
+        """The copy may lack a committed turn (a save cut short): mark it behind at once, then
+        drop it if Redis answers. Never raises; a copy still marked is dropped by this
+        process's next call that reaches Redis."""
+        self.mark_copy_behind(thread_id)
+        self._parsed.pop(thread_id)
+        try:
+            yield self.copy.delete_step(thread_id)
+        except CACHE_ERRORS as exc:
+            log.warning(
+                "memory.cache_write_failed",
+                thread_id=str(thread_id),
+                error=describe_cache_error(exc),
+            )
+            return
+        COPIES_BEHIND.done(self._copy_id, [thread_id])
+
     def _discard_copy(self, tid: UUID) -> Steps[None]:
         try:
             yield self.copy.delete_step(tid)
@@ -361,7 +378,7 @@ class RedisConversationMemory(MemoryClients):
         except Exception as exc:
             self._write_failed(thread_id, exc)
             return "unavailable"
-        except GeneratorExit:  # the async caller was cancelled mid-write: the copy may lack it
+        except GeneratorExit:  # closed mid-write (its driver interrupted): the copy may lack it
             self.mark_copy_behind(thread_id)
             raise
 

@@ -18,8 +18,9 @@ def make_redis(url: str, *, socket_timeout: float = 2.0) -> redis.Redis:
         socket_timeout=socket_timeout,
         health_check_interval=30,
         # One quick retry covers a stale pooled connection after a Redis restart; more would
-        # only delay the fallback to Postgres.
-        retry=Retry(NoBackoff(), 1),
+        # only delay the fallback to Postgres. Never after a timeout: a Redis that hangs costs
+        # one socket timeout per call, not two or four (tests/test_core_faults_hostile.py).
+        retry=Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)),
         decode_responses=False,
     )
 

@@ -8,6 +8,10 @@ Order of effects (durability first, docs/RELIABILITY.md):
   3. publish `memory.fold_thread` when this turn took the thread over the threshold (its
      unfolded turns, or their estimated tokens: the fold token trigger).
 
+An asyncio save cancelled at any await (a client disconnect, a request timeout) drops the
+thread's copy before its caller gets the `CancelledError`: committed or not, no read serves a
+copy without the turn.
+
 It never raises: every outcome is a `SaveOutcome`. Before the COMMIT a failure is `failed`
 (retryable, nothing written) or `rejected` (bad input, never retryable); after it, whatever
 Redis or the broker do, the outcome is `saved` or `duplicate`. A redelivered turn
@@ -28,6 +32,7 @@ from pydantic import ValidationError
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from memory_core.artifacts import ARTIFACTS_ADAPTER, derive_artifacts
+from memory_core.cancellation import Cancelled
 from memory_core.claim import (
     SESSION_CONSTRAINT,
     SeqClaim,
@@ -195,6 +200,17 @@ def _prepare(
 
 def save_steps(snap: TurnSnapshot, memory: RedisConversationMemory) -> Steps[SaveOutcome]:
     """The finalize, as steps (memory_core/steps.py) both drivers perform."""
+    try:
+        return (yield from _save_steps(snap, memory))
+    except Cancelled:
+        # The asyncio caller went away at some await: the turn may be committed (its reply
+        # was perhaps in flight) while the copy lacks it. Drop the copy before the caller
+        # hears of the cancellation, so every later read, in any process, rebuilds it.
+        yield from memory.drop_copy_steps(snap.thread_id)
+        raise
+
+
+def _save_steps(snap: TurnSnapshot, memory: RedisConversationMemory) -> Steps[SaveOutcome]:
     tid, sid = str(snap.thread_id), str(snap.session_id)
     try:
         turn = _exchange(snap, seq=0)

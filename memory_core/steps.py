@@ -11,6 +11,9 @@ psycopg 3, redis.asyncio): same statements, same scripts, same outcomes and erro
 A driver owns at most one Postgres connection at a time (a transaction between `Begin` and
 `Commit`/`Rollback`) and one pub/sub subscription, and releases both whatever happens — the
 logic returning, raising, or (async) the task being cancelled.
+
+A cancelled asyncio caller first lets the logic put right what the cut step may have done
+(memory_core/cancellation.py), and never loses its `CancelledError`.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.util import greenlet_spawn
 
 from memory_core.aio import run_blocking
+from memory_core.cancellation import never_lose_cancellation, unwind
 from memory_core.fast_write import execute_autocommit
 
 if TYPE_CHECKING:
@@ -393,6 +397,11 @@ class AsyncIO:
 
 async def run_async(steps: Steps[T], io: AsyncIO) -> T:
     """Perform `steps` with asyncio I/O: the same logic as `run_sync`, never blocking the loop."""
+    return await never_lose_cancellation(_perform(steps, io))
+
+
+async def _perform(steps: Steps[T], io: AsyncIO) -> T:
+    handed_over = False  # to the task putting things right after a cancellation
     try:
         value: Any = None
         error: BaseException | None = None
@@ -406,6 +415,11 @@ async def run_async(steps: Steps[T], io: AsyncIO) -> T:
                 value = await io.do(step)
             except Exception as exc:
                 error = exc
+            except asyncio.CancelledError:
+                handed_over = True
+                await unwind(steps, io)
+                raise
     finally:
-        steps.close()
-        await io.close()
+        if not handed_over:
+            steps.close()
+            await io.close()

@@ -25,6 +25,7 @@ from memory_core.db import get_engine
 from memory_core.devservices.poll import wait_for
 from memory_core.models import ThreadMessage
 from memory_core.settings import get_settings
+from tests.support.commands import run_python
 from tests.support.snapshots import make_snapshot
 from tests.support.tcp_proxy import TcpProxy
 
@@ -111,3 +112,47 @@ def test_a_save_cancelled_after_its_commit_never_leaves_a_copy_without_the_turn(
         return _seqs(ctx)
 
     assert asyncio.run(scenario()) == [1, 2, 3]
+
+
+_READ_IN_ANOTHER_PROCESS = """
+import sys
+from memory_core import RedisConversationMemory
+ctx = RedisConversationMemory().get_context(sys.argv[1], sys.argv[2])
+print(",".join(str(turn.seq) for turn in ctx.recent))
+"""
+
+
+def test_a_save_cancelled_while_its_committed_reply_is_in_flight_is_read_by_every_process(
+    pg_proxy: TcpProxy,
+) -> None:
+    """Issue 30, item 14: the statement committed, its reply was held, the caller went away."""
+    settings = get_settings().model_copy(update={"database_url": pg_proxy.url})
+    tid = uuid.uuid4()
+    owner = "user-42"
+
+    async def scenario() -> list[int]:
+        memory = RedisConversationMemory(settings=settings)
+        for n in (1, 2):
+            assert (await asave_session_to_thread_safe(make_snapshot(tid, n), memory=memory)).ok
+        assert _seqs(await memory.aget_context(tid, owner)) == [1, 2]
+        pg_proxy.pause()
+        task = asyncio.create_task(
+            asave_session_to_thread_safe(make_snapshot(tid, 3), memory=memory)
+        )
+        while _stored_seqs(tid) != [1, 2, 3]:  # let the statement through, hold its reply
+            pg_proxy.release_held()
+            await asyncio.sleep(0.01)
+        while pg_proxy.held_bytes == 0:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        pg_proxy.resume()  # psycopg's cancel request, and the reply, go through
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        ctx = await memory.aget_context(tid, owner)
+        await memory.aclose()
+        return _seqs(ctx)
+
+    assert asyncio.run(scenario()) == [1, 2, 3]
+    other = run_python("-c", _READ_IN_ANOTHER_PROCESS, str(tid), owner)
+    assert other.returncode == 0, other.stderr[-2000:]
+    assert other.stdout.split() == ["1,2,3"]
