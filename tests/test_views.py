@@ -103,7 +103,8 @@ def test_summary_alone_over_budget_is_cut_with_marker() -> None:
 
 
 def _big_sql(tokens: int) -> str:
-    lines, n = [], 0
+    lines: list[str] = []
+    n = 0
     while n < tokens:
         line = f"  OR customer_id = {1000 + len(lines)} AND region = 'EMEA-{len(lines)}'"
         lines.append(line)
