@@ -31,6 +31,7 @@ from memory_core.queues import (
     FOLD_TASK,
     is_amqp,
     task_queue,
+    task_reprs,
 )
 from memory_core.settings import get_settings
 
@@ -95,7 +96,8 @@ def send_by_name(task: str, args: list[Any], queue: str, broker_url: str | None 
 
     An explicit connection: Celery lets a CELERY_BROKER_URL environment variable override the
     app's `broker=`, which would silently send to another broker than the one asked for. It is
-    kept for the next publish (memory_core/broker_connections.py).
+    kept for the next publish (memory_core/broker_connections.py). The message's `argsrepr`
+    (what Flower shows) names the job's ids only (`queues.task_reprs`).
     """
     url = broker_url or get_settings().celery_broker_url
     app = publisher_app(url)
@@ -115,7 +117,7 @@ def _send(conn: Any, url: str, task: str, args: list[Any], queue: Any) -> str:
     conn.declared_entities.clear()
     try:
         sent = publisher_app(url).send_task(
-            task, args=args, queue=queue, connection=conn, retry=False
+            task, args=args, queue=queue, connection=conn, retry=False, **task_reprs(args)
         )
     except BaseException:
         drop(conn)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 from urllib.parse import urlsplit
+from uuid import UUID
 
 from kombu import Exchange, Queue
 
@@ -34,6 +35,15 @@ FORGET_OWNER_TASK = "memory.forget_owner"
 RETENTION_TASK = "memory.apply_retention"
 PURGE_TRACES_TASK = "memory.purge_traces"
 SWEEP_FOLDS_TASK = "memory.sweep_folds"
+# Every task a memory worker runs: a name outside this set is "other" in metrics and events.
+MEMORY_TASKS = (
+    FINALIZE_TASK,
+    FOLD_TASK,
+    FORGET_OWNER_TASK,
+    RETENTION_TASK,
+    PURGE_TRACES_TASK,
+    SWEEP_FOLDS_TASK,
+)
 EXCHANGE = "memory"
 DEAD_LETTER_EXCHANGE = "memory.dead"
 DEAD_LETTER_QUEUE = "memory.dead"
@@ -102,3 +112,51 @@ def publish_options(broker_url: str, queue: str) -> dict[str, Any]:
     if is_amqp(broker_url):
         return {"exchange": EXCHANGE, "routing_key": queue, "declare": []}
     return {"queue": queue}
+
+
+def task_reprs(args: Any = (), kwargs: Any = None) -> dict[str, str]:
+    """`argsrepr` and `kwargsrepr` for a memory job: its ids, never its content.
+
+    Celery puts these in the message headers and every worker's task events (Flower keeps
+    them); left unset it writes the whole snapshot there, owner id, query and answer. Pass
+    them to every `send_task`: `send_task(FINALIZE_TASK, args=[snapshot], **where,
+    **task_reprs([snapshot]))`. The workers rewrite them on receipt anyway (workers/requests.py).
+    """
+    if isinstance(args, (list, tuple)):
+        argsrepr = "[" + ", ".join(describe_argument(a) for a in args) + "]"
+    else:
+        argsrepr = describe_argument(args)
+    if not kwargs:
+        kwargsrepr = "{}"
+    elif isinstance(kwargs, dict):
+        kwargsrepr = f"{{<{len(kwargs)} keys>}}"
+    else:
+        kwargsrepr = describe_argument(kwargs)
+    return {"argsrepr": argsrepr, "kwargsrepr": kwargsrepr}
+
+
+def describe_argument(value: Any) -> str:
+    """One job argument as the task events may show it: a canonical UUID string as itself, a
+    dict by the UUIDs under `thread_id` / `session_id`, None and booleans as themselves,
+    anything else by its type alone (an owner id, a query, a number are all content)."""
+    if value is None or isinstance(value, bool):
+        return repr(value)
+    if isinstance(value, str) and canonical_uuid(value):
+        return repr(value)
+    if isinstance(value, dict):
+        ids = [f"{k}={value[k]}" for k in ID_FIELDS if canonical_uuid(value.get(k))]
+        return "<dict" + "".join(f" {i}" for i in ids) + ">"
+    return f"<{type(value).__name__}>"
+
+
+ID_FIELDS = ("thread_id", "session_id")
+
+
+def canonical_uuid(value: Any) -> bool:
+    """Whether `value` is a UUID in canonical text form (36 characters, lower or upper hex)."""
+    if not isinstance(value, str) or len(value) != 36:
+        return False
+    try:
+        return str(UUID(value)) == value.lower()
+    except ValueError:
+        return False

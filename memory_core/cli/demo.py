@@ -46,7 +46,7 @@ from memory_core.events import MEMORY_SUMMARIZATION_FAILED as FOLD_FAILED
 from memory_core.events import MEMORY_SUMMARIZED as FOLDED
 from memory_core.events import Event, EventConsumer, format_event, routine_stream
 from memory_core.migrate import upgrade
-from memory_core.queues import FINALIZE_QUEUE, FINALIZE_TASK, is_amqp, publish_options
+from memory_core.queues import FINALIZE_QUEUE, FINALIZE_TASK, is_amqp, publish_options, task_reprs
 from memory_core.redis_client import make_redis
 from memory_core.settings import Settings
 from memory_core.tokens import count_tokens
@@ -272,7 +272,7 @@ class Demo:
         snapshot["response_payload"] = {"blocks": [{"type": "markdown", "text": turn.answer}]}
         snapshot["completed_at"] = datetime.now(UTC).isoformat()
         where = publish_options(self.settings.celery_broker_url, FINALIZE_QUEUE)
-        self.producer.send_task(FINALIZE_TASK, args=[snapshot], **where)
+        self.producer.send_task(FINALIZE_TASK, args=[snapshot], **where, **task_reprs([snapshot]))
 
     def row(self, tid: uuid.UUID, min_seq: int = 1) -> Any:
         """The thread row once it holds turn `min_seq`, else None."""
