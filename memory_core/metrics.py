@@ -72,6 +72,12 @@ JOBS_DEAD_LETTERED = Counter(
     "memory.dead (RabbitMQ)",
     ["task"],
 )
+JOBS_REFUSED = Counter(
+    "memory_jobs_refused_total",
+    "Jobs refused and acked without running: an unknown task name, a message that is no task "
+    "of ours (another serializer, an undecodable body), or wrong arguments; never dead-lettered",
+    ["task", "reason"],  # task: one of ours or "other"; reason: a fixed code
+)
 FOLD_PUBLISH_FAILURES = Counter(
     "memory_fold_publish_failures_total",
     "Fold jobs that could not be published (broker down or refusing); the thread row keeps the "

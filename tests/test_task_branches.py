@@ -65,7 +65,9 @@ def test_a_job_with_the_wrong_arguments_is_rejected_without_touching_anything(
 ) -> None:
     assert discarded(task, *args).reason == "wrong arguments"  # acked: not dead-lettered
     assert tasks.MemoryTask._memory is None  # not even a memory was built
-    assert drain_events(redis_client, events) == []
+    [refused] = drain_events(redis_client, events)
+    assert (refused.event, refused.fields["reason"]) == ("memory_job_refused", "wrong_arguments")
+    assert refused.fields["task"] == task.name
 
 
 @BOTH

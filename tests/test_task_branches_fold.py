@@ -86,7 +86,14 @@ def test_a_fold_job_without_a_uuid_is_rejected_for_good(
     thread_id: Any, events: str, redis_client: redis.Redis
 ) -> None:
     assert discarded(FOLD, thread_id).reason == "thread_id is not a UUID string"
-    assert stream_events(redis_client, events) == ([], [])
+    [refused], routine = stream_events(redis_client, events)
+    assert routine == []
+    assert (refused.event, refused.thread_id, refused.fields["reason"]) == (
+        "memory_job_refused",
+        "",  # never the argument itself: it may be anything
+        "invalid_argument",
+    )
+    assert refused.fields["task"] == FOLD.name
 
 
 def test_a_fold_of_an_unknown_thread_is_done_as_missing(

@@ -30,6 +30,7 @@ from celery import Celery, bootsteps
 from celery.schedules import crontab
 from celery.signals import setup_logging, worker_init, worker_process_shutdown
 from celery.worker.consumer import Consumer
+from kombu.exceptions import ContentDisallowed
 from prometheus_client import multiprocess
 
 from memory_core.logs import get_logger
@@ -52,6 +53,7 @@ from memory_core.tokens import encoding
 
 from .broker import use_atomic_take
 from .logging import configure_logging
+from .requests import refuse_message
 from .shutdown import DeferShutdownSignals
 
 
@@ -85,7 +87,41 @@ class MemoryConsumer(Consumer):
     worker. The jobs cannot be handed back while Redis is down anyway: workers/broker.py
     remembers them and hands them back once the worker has reconnected.
     Found by tests/reliability/test_outages.py.
+
+    A message no task will run (unknown task, not a task message, another serializer, an
+    undecodable or malformed body) is acked with an event and a metric, never rejected into
+    `memory.dead` nor logged with its body (`refuse_message`, workers/requests.py).
     """
+
+    def on_unknown_message(self, body: Any, message: Any) -> None:
+        refuse_message(self, message, "not_a_task")
+
+    def on_unknown_task(self, body: Any, message: Any, exc: Exception) -> None:
+        refuse_message(self, message, "unknown_task")
+
+    def on_invalid_task(self, body: Any, message: Any, exc: Exception) -> None:
+        reason = "serializer" if isinstance(exc, ContentDisallowed) else "invalid_message"
+        refuse_message(self, message, reason)
+
+    def on_decode_error(self, message: Any, exc: Exception) -> None:
+        refuse_message(self, message, "undecodable")
+
+    def create_task_handler(self, *args: Any, **kwargs: Any) -> Any:
+        handle = super().create_task_handler(*args, **kwargs)
+        connection_errors = tuple(self.connection_errors)
+
+        def on_task_received(message: Any) -> Any:
+            try:
+                return handle(message)
+            except connection_errors:
+                raise
+            except Exception:  # a message Celery cannot even read (e.g. no id): refused
+                if message.acknowledged:
+                    raise
+                refuse_message(self, message, "invalid_message")
+                return None
+
+        return on_task_received
 
     def on_connection_error_after_connected(self, exc: Exception) -> None:
         connection = self.connection

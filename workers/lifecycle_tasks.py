@@ -25,7 +25,7 @@ from memory_core.queues import (
 from memory_core.trace_sweep import sweep_trace_purges
 
 from .app import app
-from .tasks import Discard, MemoryTask, finalize_retry_delay, retry_or_requeue
+from .tasks import MemoryTask, finalize_retry_delay, refuse, retry_or_requeue
 
 log = get_logger(__name__)
 
@@ -52,8 +52,7 @@ def _retry(task: MemoryTask, exc: Exception) -> NoReturn:
 )
 def forget_owner_task(self: MemoryTask, owner_id: Any) -> dict[str, Any]:
     if not isinstance(owner_id, str) or not owner_id or "\x00" in owner_id:
-        log.warning("memory.job_rejected", task=self.name, reason="owner_id is not text")
-        raise Discard("owner_id is not a non-empty string")
+        refuse(self, "invalid_argument", "owner_id is not a non-empty string")
     try:
         report = forget_owner(owner_id, memory=self.memory)
     except (DeleteFailed, *POSTGRES_DOWN) as exc:

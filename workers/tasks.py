@@ -23,6 +23,7 @@ from memory_core.fold_publisher import FINALIZE_TASK, FOLD_TASK, publish_fold
 from memory_core.folding import POSTGRES_DOWN, Folder, backoff_delay
 from memory_core.logs import describe_error, get_logger
 from memory_core.metrics import JOBS_DEAD_LETTERED, TASK_UNEXPECTED
+from memory_core.queues import task_reprs
 from memory_core.session_handler import (
     REASON_DELETED,
     SaveOutcome,
@@ -32,6 +33,7 @@ from memory_core.settings import get_settings
 from memory_core.summarizer import ConversationSummarizer
 
 from .app import app, finalize_limits, fold_limits
+from .requests import MemoryRequest, record_refusal, request_ids
 
 log = get_logger(__name__)
 
@@ -66,15 +68,21 @@ class MemoryTask(Task):
     acks_late = True
     reject_on_worker_lost = True
     acks_on_timeout = False
+    Request = MemoryRequest  # ids-only argsrepr in every task event (workers/requests.py)
     _memory: RedisConversationMemory | None = None
     _folder: Folder | None = None
+
+    def apply_async(self, args: Any = None, kwargs: Any = None, *rest: Any, **options: Any) -> Any:
+        # Retries and `delay()` too: Celery would put the job's repr in the message's headers
+        # and in the `task-sent` event.
+        options.update(task_reprs(args or (), kwargs))
+        return super().apply_async(args, kwargs, *rest, **options)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         try:
             self._signature().bind(*args, **kwargs)
-        except TypeError:  # a job of the wrong shape: bad input, final
-            log.warning("memory.job_rejected", task=self.name, reason="wrong arguments")
-            raise Discard("wrong arguments") from None
+        except TypeError:  # a job of the wrong shape: bad input, final; no memory is built
+            refuse(self, "wrong_arguments", "wrong arguments")
         try:
             deliveries = delivery_count(self.request)
             if deliveries > get_settings().memory_max_deliveries:
@@ -127,6 +135,13 @@ class MemoryTask(Task):
         if MemoryTask._folder is None:
             MemoryTask._folder = Folder(self.memory, ConversationSummarizer())
         return MemoryTask._folder
+
+
+def refuse(task: Task, code: str, detail: str) -> NoReturn:
+    """A final no to a job's arguments: `memory_job_refused` (ids only), acked (`Discard`)."""
+    log_as = "memory.fold_rejected" if task.name == FOLD_TASK else "memory.job_rejected"
+    record_refusal(code, request_ids(task), detail=detail, log_as=log_as)
+    raise Discard(detail)
 
 
 def retry_or_requeue(task: Task, *, countdown: float, exc: Exception) -> NoReturn:
@@ -207,6 +222,7 @@ def _reject_finalize(task: MemoryTask, snapshot: dict[str, Any], reason: str) ->
         thread_id="" if deleted else _uuid_text(snapshot.get("thread_id")),
         session_id="" if deleted else _uuid_text(snapshot.get("session_id")),
         error=reason,
+        message_id=request_ids(task)["message_id"],
     )
     raise Discard(reason)
 
@@ -225,7 +241,7 @@ _FOLD_SOFT, _FOLD_HARD = fold_limits()
 def fold_thread(self: MemoryTask, thread_id: Any) -> dict[str, Any]:
     tid = _uuid_text(thread_id)
     if not tid:  # malformed: nothing to fold, ever
-        _reject_fold("thread_id is not a UUID string")
+        refuse(self, "invalid_argument", "thread_id is not a UUID string")
     # Retries and redeliveries of this job keep its task id, and so its lease token.
     token = uuid.uuid5(uuid.NAMESPACE_URL, f"{FOLD_TASK}:{self.request.id}")
     try:
@@ -295,8 +311,3 @@ def _fold_failed_event(
         error=error,
         retry_in_s=retry_in_s,
     )
-
-
-def _reject_fold(reason: str) -> NoReturn:
-    log.warning("memory.fold_rejected", reason=reason)
-    raise Discard(reason)

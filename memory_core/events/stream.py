@@ -34,6 +34,10 @@ MEMORY_SUMMARIZATION_FAILED = "memory_summarization_failed"
 MEMORY_SUMMARIZED = "memory_summarized"
 MEMORY_FINALIZE_REJECTED = "memory_finalize_rejected"
 MEMORY_JOB_DEAD_LETTERED = "memory_job_dead_lettered"
+# A job refused before or by its task (unknown task name, a body that is no task message of
+# ours, wrong arguments): acked, never run, never dead-lettered. Extras: `message_id`, `task`,
+# `queue` (each "" unless it is one of ours or a UUID), `reason` (a fixed code).
+MEMORY_JOB_REFUSED = "memory_job_refused"
 # Lifecycle (memory_core/lifecycle.py): ids and counts only, never an owner id.
 MEMORY_THREAD_DELETED = "memory_thread_deleted"
 MEMORY_OWNER_FORGOTTEN = "memory_owner_forgotten"
