@@ -1,17 +1,11 @@
 """Agent conversation memory: the core, sync and asyncio (importable without Celery running)."""
 
-from memory_core.aio import aclose_connections
-from memory_core.artifacts import (
-    Artifact,
-    DashboardArtifact,
-    SqlArtifact,
-    VisualizationArtifact,
-    derive_artifacts,
-)
-from memory_core.context import ConversationContext, Exchange
 from memory_core.conversation_memory import RedisConversationMemory, ThreadNotFound
-from memory_core.enqueue import aenqueue_turn, enqueue_turn
-from memory_core.lifecycle import (
+from memory_core.copy.context import ConversationContext, Exchange
+from memory_core.copy.read_wait import TurnNotReady
+from memory_core.copy.views import render_conversation_context
+from memory_core.io.aio import aclose_connections
+from memory_core.lifecycle.threads import (
     DeleteFailed,
     ForgetReport,
     PurgeReport,
@@ -24,15 +18,21 @@ from memory_core.lifecycle import (
     list_threads,
     unarchive_thread,
 )
-from memory_core.read_wait import TurnNotReady
-from memory_core.session_handler import (
+from memory_core.settings import Settings, get_settings
+from memory_core.write.artifacts import (
+    Artifact,
+    DashboardArtifact,
+    SqlArtifact,
+    VisualizationArtifact,
+    derive_artifacts,
+)
+from memory_core.write.enqueue import aenqueue_turn, enqueue_turn
+from memory_core.write.session_handler import (
     SaveOutcome,
     asave_session_to_thread_safe,
     save_session_to_thread_safe,
 )
-from memory_core.settings import Settings, get_settings
-from memory_core.snapshot import TurnSnapshot
-from memory_core.views import render_conversation_context
+from memory_core.write.snapshot import TurnSnapshot
 
 __all__ = [
     "Artifact",

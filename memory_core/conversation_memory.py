@@ -1,6 +1,6 @@
 """RedisConversationMemory: the working copy in Redis, rehydrated from Postgres on a miss.
 
-Every read and copy write is written once, as steps (memory_core/steps.py): `get_context`
+Every read and copy write is written once, as steps (memory_core/io/steps.py): `get_context`
 performs them with the blocking clients, `aget_context` with the asyncio ones.
 """
 
@@ -17,7 +17,8 @@ from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.orm import Session
 
-from memory_core.cache_state import (
+from memory_core.caches import BoundedCache
+from memory_core.copy.cache_state import (
     CACHE_ERRORS,
     COPIES_BEHIND,
     REDIS_ERRORS,
@@ -26,24 +27,23 @@ from memory_core.cache_state import (
     _check_owner,
     describe_cache_error,
 )
-from memory_core.caches import BoundedCache
-from memory_core.context import ConversationContext, Exchange
-from memory_core.db import session_scope
-from memory_core.logs import describe_error, get_logger
-from memory_core.memory_clients import MemoryClients
-from memory_core.metrics import CACHE_READS, REHYDRATIONS
-from memory_core.models import ConversationThread
-from memory_core.read_wait import OnTimeout, WaitFor, context_including, session_to_wait_for
-from memory_core.settings import Settings, get_settings
-from memory_core.settings_check import announce
-from memory_core.steps import (
+from memory_core.copy.context import ConversationContext, Exchange
+from memory_core.copy.read_wait import OnTimeout, WaitFor, context_including, session_to_wait_for
+from memory_core.copy.settings_check import announce
+from memory_core.copy.working_copy import NOT_OWNER, WorkingCopy, context_from_copy
+from memory_core.io.async_driver import run_async
+from memory_core.io.db import session_scope
+from memory_core.io.memory_clients import MemoryClients
+from memory_core.io.steps import (
     Read,
     Steps,
     retry_on_disconnect,
-    run_async,
-    run_sync,
 )
-from memory_core.working_copy import NOT_OWNER, WorkingCopy, context_from_copy
+from memory_core.io.sync_driver import run_sync
+from memory_core.logs import describe_error, get_logger
+from memory_core.metrics import CACHE_READS, REHYDRATIONS
+from memory_core.models import ConversationThread
+from memory_core.settings import Settings, get_settings
 
 __all__ = [
     "CACHE_ERRORS",
@@ -63,7 +63,7 @@ class RedisConversationMemory(MemoryClients):
     MEMORY_COMPRESSION_THRESHOLD, MEMORY_FOLD_TOKEN_TRIGGER, MEMORY_KEY_PREFIX,
     MEMORY_MAX_UNFOLDED_MESSAGES); constructor arguments override them. The asyncio clients
     (`async_redis`, `async_engine`) default to the running loop's pooled ones for the blocking
-    clients' servers (memory_core/memory_clients.py).
+    clients' servers (memory_core/io/memory_clients.py).
     """
 
     def __init__(

@@ -41,7 +41,10 @@ from memory_core import (
     enqueue_turn,
     save_session_to_thread_safe,
 )
-from memory_core.checkpoints import (
+from memory_core.conversation_memory import RedisConversationMemory, ThreadNotFound
+from memory_core.copy.context import ConversationContext
+from memory_core.copy.views import DEFAULT_MAX_TOKENS, Focus, render_conversation_context
+from memory_core.lifecycle.checkpoints import (
     CHECKPOINT_SCHEMA,
     CHECKPOINT_TABLES,
     INSTALL_HINT,
@@ -58,11 +61,9 @@ from memory_core.checkpoints import (
     postgres_checkpointer,
     setup_checkpointer,
 )
-from memory_core.context import ConversationContext
-from memory_core.conversation_memory import RedisConversationMemory, ThreadNotFound
-from memory_core.views import DEFAULT_MAX_TOKENS, Focus, render_conversation_context
 
-# The checkpointer half lives in memory_core/checkpoints.py; its names are public here too.
+# The checkpointer half lives in memory_core/lifecycle/checkpoints.py; its names are public
+# here too.
 __all__ = [
     "CHECKPOINT_SCHEMA",
     "CHECKPOINT_TABLES",

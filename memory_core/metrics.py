@@ -24,7 +24,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import text
 
-from memory_core.db import get_engine
+from memory_core.io.db import get_engine
 
 FINALIZE = Counter(
     "memory_finalize_total", "Finalize outcomes", ["status"]

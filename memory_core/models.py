@@ -36,7 +36,7 @@ from sqlalchemy.dialects.postgresql import JSONB, UUID, insert
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
-from memory_core.db import Base
+from memory_core.io.db import Base
 
 
 def no_live_lease(lease_until: Any) -> Any:
@@ -173,7 +173,7 @@ class ThreadTombstone(Base):
 
 
 class PendingTracePurge(Base):
-    """A deleted thread whose Langfuse traces may still exist (memory_core/lifecycle.py)."""
+    """A deleted thread whose Langfuse traces may still exist (memory_core/lifecycle/threads.py)."""
 
     __tablename__ = "trace_purges"
 
@@ -250,7 +250,7 @@ class ThreadMessage(Base):
     seq: Mapped[int] = mapped_column(Integer)
     user_query: Mapped[str] = mapped_column(Text)
     answer: Mapped[str] = mapped_column(Text, server_default=text("''"))
-    # Derived once at finalize (memory_core.artifacts); read back as stored, never re-derived.
+    # Derived once at finalize (memory_core.write.artifacts); read back as stored, never re-derived.
     artifacts: Mapped[list[Any]] = mapped_column(JSONB, server_default=text("'[]'::jsonb"))
     response_payload: Mapped[dict[str, Any]] = mapped_column(
         JSONB, server_default=text("'{}'::jsonb")

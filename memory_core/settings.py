@@ -96,7 +96,7 @@ class Settings(BaseSettings):
     # Redis counts no deliveries: there it does not apply.
     memory_max_deliveries: int = Field(default=8, ge=2, le=19)
 
-    # Thread lifecycle (memory_core/lifecycle.py). Threads with no new turn for longer than
+    # Thread lifecycle (memory_core/lifecycle/threads.py). Threads with no new turn for longer than
     # this many days are deleted by `memory.apply_retention`; None keeps them forever.
     memory_retention_days: float | None = Field(default=None, gt=0, le=36_500)
     # The minute of each hour at which beat sends `memory.apply_retention`.

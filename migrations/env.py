@@ -6,7 +6,7 @@ from alembic import context
 from sqlalchemy import engine_from_config, pool
 
 import memory_core.models  # noqa: F401  (registers the tables on Base.metadata)
-from memory_core.db import Base
+from memory_core.io.db import Base
 from memory_core.settings import get_settings
 
 config = context.config

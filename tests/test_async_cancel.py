@@ -1,6 +1,6 @@
 """A cancelled async call (a client disconnecting, a request timeout) leaves nothing half-done.
 
-The asyncio driver releases its Postgres connection whatever happens (memory_core/steps.py);
+The asyncio driver releases its Postgres connection whatever happens (memory_core/io/steps.py);
 a save cancelled after its COMMIT but before its copy write marks the copy behind, so this
 process never serves the copy without the turn (the same as a failed copy write).
 """
@@ -20,9 +20,9 @@ from memory_core import (
     asave_session_to_thread_safe,
     save_session_to_thread_safe,
 )
-from memory_core.aio import get_async_engine
-from memory_core.db import get_engine
 from memory_core.devservices.poll import wait_for
+from memory_core.io.aio import get_async_engine
+from memory_core.io.db import get_engine
 from memory_core.models import ThreadMessage
 from memory_core.settings import get_settings
 from tests.support.commands import run_python

@@ -31,12 +31,12 @@ from memory_core import (
     aenqueue_turn,
     asave_session_to_thread_safe,
 )
-from memory_core.aio import make_async_engine, make_async_redis
-from memory_core.db import make_engine
 from memory_core.devservices.ports import free_port
 from memory_core.devservices.workers import WorkerProcess
-from memory_core.queues import FINALIZE_QUEUE, FOLD_QUEUE
-from memory_core.redis_client import make_redis
+from memory_core.io.aio import make_async_engine, make_async_redis
+from memory_core.io.db import make_engine
+from memory_core.io.queues import FINALIZE_QUEUE, FOLD_QUEUE
+from memory_core.io.redis_client import make_redis
 from memory_core.settings import Settings
 from tests.support.async_service import (
     Answer,
@@ -56,7 +56,7 @@ from tests.support.state import stored, stored_seqs
 from tests.support.tcp_proxy import TcpProxy
 
 OWNER = "user-42"
-# The asyncio engine's pool (memory_core/aio.py: pool_size 5 + max_overflow 10). The pool closes
+# The asyncio engine's pool (memory_core/io/aio.py: pool_size 5 + max_overflow 10). The pool closes
 # an overflow connection it gets back while another request may already open a new one: the
 # proxy, which sees a close only when its FIN arrives, may count up to all 10 overflow ones
 # twice under load (21 seen once). A connection per call would be hundreds.

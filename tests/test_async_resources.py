@@ -1,7 +1,7 @@
 """The asyncio clients' resources stay bounded whatever the host does with its event loops.
 
 - A host that runs each call in its own `asyncio.run()` and never closes anything does not
-  pile up Postgres connections: the entries of closed loops are dropped (memory_core/aio.py).
+  pile up Postgres connections: the entries of closed loops are dropped (memory_core/io/aio.py).
 - A broker that stops answering holds only the publish threads: the loop's default executor
   (which resolves host names for new connections) stays free.
 """
@@ -15,7 +15,7 @@ import sys
 import uuid
 
 from memory_core import RedisConversationMemory, aenqueue_turn
-from memory_core.aio import PUBLISH_THREADS
+from memory_core.io.aio import PUBLISH_THREADS
 from memory_core.settings import get_settings
 from tests.support.snapshots import make_snapshot
 from tests.support.tcp_proxy import TcpProxy

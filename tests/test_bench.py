@@ -9,13 +9,13 @@ import math
 import uuid
 from pathlib import Path
 
-from memory_core.artifacts import DashboardArtifact, SqlArtifact, VisualizationArtifact
 from memory_core.bench.common import exchange, snapshot
 from memory_core.bench.core import COMMAND, bench_core
 from memory_core.bench.floor import materialize
 from memory_core.bench.guest import bench_access, bench_rss
-from memory_core.context import ConversationContext
+from memory_core.copy.context import ConversationContext
 from memory_core.settings import get_settings
+from memory_core.write.artifacts import DashboardArtifact, SqlArtifact, VisualizationArtifact
 
 FIGURES = (
     "save",

@@ -17,7 +17,7 @@ from sqlalchemy import text
 
 from memory_core.bench.aio import bench_async
 from memory_core.bench.aio_common import COMMAND, PEERS_SKIPPED, peer_sdk_version
-from memory_core.db import get_engine
+from memory_core.io.db import get_engine
 from memory_core.settings import get_settings
 
 PART1 = (

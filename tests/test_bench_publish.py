@@ -9,8 +9,8 @@ import uuid
 import pytest
 
 from memory_core.bench.publish import BrokerInUse, bench_publish
-from memory_core.fold_publisher import FOLD_QUEUE, publish_fold
-from memory_core.queues import is_amqp
+from memory_core.fold.publisher import FOLD_QUEUE, publish_fold
+from memory_core.io.queues import is_amqp
 from tests.support.brokers import BROKERS, ready
 
 pytestmark = pytest.mark.parametrize("broker", BROKERS, indirect=True)

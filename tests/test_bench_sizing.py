@@ -25,8 +25,8 @@ from memory_core.bench.bench_worker import bench_worker, check_worker_options
 from memory_core.bench.sizing import Point, bench_sizing, command_line, parse_points
 from memory_core.bench.workers_bench import WorkersBench
 from memory_core.cli.bench import bench_sizing_cmd
-from memory_core.db import get_engine
-from memory_core.fold_publisher import WORKER_APP
+from memory_core.fold.publisher import WORKER_APP
+from memory_core.io.db import get_engine
 from memory_core.settings import get_settings
 from tests.support.commands import run_module
 
@@ -236,7 +236,7 @@ def test_fold_jobs_name_only_the_threads_asked_for_whatever_the_memory_broker_ho
     import celery
 
     from memory_core.bench.fold_bench import render_fold_jobs
-    from memory_core.queues import FOLD_QUEUE, FOLD_TASK
+    from memory_core.io.queues import FOLD_QUEUE, FOLD_TASK
 
     stale = celery.Celery("stale", set_as_current=False)
     with stale.connection_for_write("memory://") as conn:

@@ -18,8 +18,8 @@ import redis
 from sqlalchemy import text
 
 from memory_core.bench.workers import COMMAND, bench_workers, bench_workers_brokers
-from memory_core.db import get_engine
 from memory_core.devservices.rabbitmq import ensure_rabbitmq
+from memory_core.io.db import get_engine
 from memory_core.settings import get_settings
 from tests.support.brokers import RABBITMQCTL
 

@@ -1,4 +1,4 @@
-"""The publishers' kept broker connections (memory_core/broker_connections.py): reused, replaced
+"""The publishers' kept broker connections (memory_core/io/broker_connections.py): reused, replaced
 when the broker dropped them, declared on every publish, never shared with a forked child, and
 bounded. On both brokers (the `broker` fixture), against the real servers."""
 
@@ -18,17 +18,17 @@ import pytest
 import redis
 from kombu import Connection
 
-from memory_core.broker_connections import (
+from memory_core.devservices.poll import wait_for
+from memory_core.fold.publisher import FOLD_QUEUE, publish_fold
+from memory_core.io.broker_connections import (
     IDLE,
     IDLE_PER_BROKER,
     MAX_BROKERS,
     IdleConnections,
     drop,
 )
-from memory_core.devservices.poll import wait_for
-from memory_core.fold_publisher import FOLD_QUEUE, publish_fold
+from memory_core.io.queues import is_amqp
 from memory_core.metrics import FOLD_PUBLISH_FAILURES
-from memory_core.queues import is_amqp
 from tests.support.brokers import BROKERS, RABBITMQCTL, ready
 from tests.support.services import PrivateRedis
 

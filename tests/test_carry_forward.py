@@ -17,17 +17,17 @@ import redis
 from prometheus_client import REGISTRY
 
 from memory_core import RedisConversationMemory, save_session_to_thread_safe
-from memory_core.artifacts import derive_artifacts
-from memory_core.carry_forward import carry_forward
-from memory_core.context import Exchange
+from memory_core.copy.context import Exchange
 from memory_core.devservices import fake_llm
 from memory_core.devservices.fake_llm import FakeLLMServer
-from memory_core.fold_publisher import FOLD_QUEUE
-from memory_core.folding import Folder
-from memory_core.instructions import key_of
-from memory_core.llm_free_fold import parse_sections
+from memory_core.fold.carry_forward import carry_forward
+from memory_core.fold.folding import Folder
+from memory_core.fold.llm_free import parse_sections
+from memory_core.fold.publisher import FOLD_QUEUE
+from memory_core.fold.summarizer import ConversationSummarizer
+from memory_core.instructions.detect import key_of
 from memory_core.settings import Settings
-from memory_core.summarizer import ConversationSummarizer
+from memory_core.write.artifacts import derive_artifacts
 from tests.support.jobs import configure, private_events, run_job, take_jobs
 from tests.support.snapshots import make_snapshot
 from tests.support.state import drain_events

@@ -51,14 +51,14 @@ from memory_core import (
     asave_session_to_thread_safe,
     save_session_to_thread_safe,
 )
-from memory_core.aio import (
+from memory_core.devservices.ports import free_port
+from memory_core.io.aio import (
     get_async_engine,
     get_async_redis,
     get_async_waits_redis,
     make_async_redis,
 )
-from memory_core.devservices.ports import free_port
-from memory_core.redis_client import make_redis
+from memory_core.io.redis_client import make_redis
 from memory_core.settings import get_settings
 from tests.support.cancel_points import cut_at
 from tests.support.faults import FaultyRedis

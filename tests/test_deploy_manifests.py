@@ -45,8 +45,8 @@ from kubernetes_validate.utils import all_versions
 from tornado import httpclient
 
 from memory_core import cli
-from memory_core.fold_publisher import WORKER_APP
-from memory_core.queues import (
+from memory_core.fold.publisher import WORKER_APP
+from memory_core.io.queues import (
     FOLD_QUEUE,
     FORGET_OWNER_TASK,
     PURGE_TRACES_TASK,

@@ -37,8 +37,8 @@ from memory_core.eval.corpus import TAIL_TURNS, Conversation, Fact, Scenario, tu
 from memory_core.eval.filler import Script
 from memory_core.eval.report import aggregates, markdown, overall, table_rows
 from memory_core.eval.scoring import current_lines, probe_matches, score_view
-from memory_core.prompts import BUILTIN_LABEL
-from memory_core.summary_tail import stored_summary_bound
+from memory_core.fold.prompts import BUILTIN_LABEL
+from memory_core.fold.summary_tail import stored_summary_bound
 from tests.support import REPO
 
 CONVERSATIONS = corpus()

@@ -11,7 +11,7 @@ import redis
 from sqlalchemy import func, select
 
 from memory_core import ConversationContext, RedisConversationMemory, save_session_to_thread_safe
-from memory_core.db import session_scope
+from memory_core.io.db import session_scope
 from memory_core.models import ConversationThread, ThreadMessage
 from tests.support.snapshots import make_snapshot
 
@@ -219,7 +219,7 @@ def test_publish_goes_to_the_broker_asked_for(monkeypatch: pytest.MonkeyPatch) -
     """Celery lets CELERY_BROKER_URL override `broker=`: publishing must not follow it."""
     import redis
 
-    from memory_core.fold_publisher import publish_fold
+    from memory_core.fold.publisher import publish_fold
     from memory_core.settings import get_settings
 
     target = get_settings().celery_broker_url
@@ -238,7 +238,7 @@ def test_a_fold_that_cannot_be_published_is_logged_and_counted(
     covers the republish after the grace)."""
     import logging
 
-    from memory_core.fold_publisher import publish_fold
+    from memory_core.fold.publisher import publish_fold
     from memory_core.metrics import FOLD_PUBLISH_FAILURES
 
     before = FOLD_PUBLISH_FAILURES._value.get()

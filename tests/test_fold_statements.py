@@ -13,13 +13,13 @@ from hypothesis import strategies as st
 from sqlalchemy import event, func, select, update
 
 from memory_core import RedisConversationMemory, save_session_to_thread_safe
-from memory_core.db import get_engine, session_scope
-from memory_core.fast_write import execute_autocommit
-from memory_core.fold_statements import lease_statement, store_statement
-from memory_core.folding import Folder
+from memory_core.fold.folding import Folder
+from memory_core.fold.statements import lease_statement, store_statement
+from memory_core.fold.summarizer import ConversationSummarizer
+from memory_core.io.db import get_engine, session_scope
+from memory_core.io.fast_write import execute_autocommit
 from memory_core.models import ConversationThread
 from memory_core.settings import Settings
-from memory_core.summarizer import ConversationSummarizer
 from tests.support.snapshots import make_snapshot
 
 T = ConversationThread

@@ -1,4 +1,4 @@
-"""The fold sweep (`memory.sweep_folds`, memory_core/fold_sweep.py): a fold whose request is on
+"""The fold sweep (`memory.sweep_folds`, memory_core/fold/sweep.py): a fold whose request is on
 the thread row but whose message was lost is published again, once, and nothing else is."""
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ import redis
 from sqlalchemy import func, insert, select, update
 
 from memory_core import RedisConversationMemory, save_session_to_thread_safe
-from memory_core.db import session_scope
 from memory_core.devservices.fake_llm import FakeLLMServer
-from memory_core.fold_publisher import FOLD_QUEUE
-from memory_core.fold_sweep import lost_folds, sweep_lost_folds
-from memory_core.folding import Folder
+from memory_core.fold.folding import Folder
+from memory_core.fold.publisher import FOLD_QUEUE
+from memory_core.fold.summarizer import ConversationSummarizer
+from memory_core.fold.sweep import lost_folds, sweep_lost_folds
+from memory_core.io.db import session_scope
 from memory_core.models import ConversationThread
 from memory_core.settings import Settings, get_settings
-from memory_core.summarizer import ConversationSummarizer
 from tests.support.snapshots import make_snapshot
 from tests.support.state import freshen_other_fold_requests, queued_fold_threads, thread_row
 

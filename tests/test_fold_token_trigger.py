@@ -17,18 +17,18 @@ from hypothesis import strategies as st
 from sqlalchemy import event, select, update
 
 from memory_core import RedisConversationMemory, aclose_connections, save_session_to_thread_safe
-from memory_core.artifacts import derive_artifacts
-from memory_core.claim import UNFOLDED_TOKENS_CAP, claim_params
-from memory_core.context import Exchange
-from memory_core.db import session_scope
-from memory_core.fold_tokens import token_fold_upto
-from memory_core.folding import Folder, FoldOutcome
+from memory_core.copy.context import Exchange
+from memory_core.copy.settings_check import fingerprint
+from memory_core.fold.folding import Folder, FoldOutcome
+from memory_core.fold.summarizer import ConversationSummarizer
+from memory_core.fold.tokens import token_fold_upto
+from memory_core.io.db import session_scope
 from memory_core.models import ConversationThread, ThreadMessage
-from memory_core.session_handler import asave_session_to_thread_safe
 from memory_core.settings import Settings
-from memory_core.settings_check import fingerprint
-from memory_core.summarizer import ConversationSummarizer
 from memory_core.tokens import estimate_tokens, turn_size
+from memory_core.write.artifacts import derive_artifacts
+from memory_core.write.claim import UNFOLDED_TOKENS_CAP, claim_params
+from memory_core.write.session_handler import asave_session_to_thread_safe
 from tests.support.snapshots import BASE_TIME, make_snapshot
 
 T = 400  # the trigger of these tests: sizes below are chosen around it

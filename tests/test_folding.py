@@ -13,13 +13,13 @@ from pydantic import ValidationError
 from sqlalchemy import select, update
 
 from memory_core import RedisConversationMemory, save_session_to_thread_safe
-from memory_core.context import Exchange
-from memory_core.db import session_scope
+from memory_core.copy.context import Exchange
 from memory_core.devservices.fake_llm import FakeLLMServer
-from memory_core.folding import ARTIFACT_TAIL_MARKER, Folder, backoff_delay
+from memory_core.fold.folding import ARTIFACT_TAIL_MARKER, Folder, backoff_delay
+from memory_core.fold.summarizer import ConversationSummarizer
+from memory_core.io.db import session_scope
 from memory_core.models import ConversationThread
 from memory_core.settings import Settings
-from memory_core.summarizer import ConversationSummarizer
 from tests.support.snapshots import make_snapshot
 
 

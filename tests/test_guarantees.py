@@ -23,13 +23,13 @@ from memory_core import (
     render_conversation_context,
     save_session_to_thread_safe,
 )
-from memory_core.db import session_scope
 from memory_core.devservices.fake_llm import FakeLLMServer
-from memory_core.folding import Folder
+from memory_core.fold.folding import Folder
+from memory_core.fold.summarizer import ConversationSummarizer
+from memory_core.io.db import session_scope
+from memory_core.io.redis_client import make_redis
 from memory_core.models import ConversationThread, ThreadMessage
-from memory_core.redis_client import make_redis
 from memory_core.settings import Settings, get_settings
-from memory_core.summarizer import ConversationSummarizer
 from memory_core.tokens import count_tokens
 from tests.support.faults import FaultyRedis, postgres_role
 from tests.support.snapshots import make_snapshot
@@ -252,7 +252,7 @@ def test_the_stored_summary_has_a_bound_and_views_keep_the_newest_turn(
     tid = _thread(live, 21, sql=huge)
     out = Folder(live, ConversationSummarizer(_settings())).fold(tid)
     assert out.status == "folded"
-    from memory_core.summary_tail import stored_summary_bound
+    from memory_core.fold.summary_tail import stored_summary_bound
 
     s = get_settings().memory_summary_max_tokens
     stored = _row(tid).summary or ""
@@ -374,7 +374,7 @@ def test_processes_that_disagree_on_settings_notice(
 ) -> None:
     import logging
 
-    from memory_core import settings_check
+    from memory_core.copy import settings_check
 
     prefix = f"disagree{uuid.uuid4().hex[:6]}"
     agent = RedisConversationMemory(redis_client, key_prefix=prefix)

@@ -22,11 +22,11 @@ from hypothesis import strategies as st
 
 from memory_core import RedisConversationMemory, save_session_to_thread_safe
 from memory_core.caches import BoundedCache
-from memory_core.db import make_engine
 from memory_core.devservices.fake_llm import FakeLLMServer
-from memory_core.folding import Folder
+from memory_core.fold.folding import Folder
+from memory_core.fold.summarizer import ConversationSummarizer
+from memory_core.io.db import make_engine
 from memory_core.settings import Settings, get_settings
-from memory_core.summarizer import ConversationSummarizer
 from memory_core.tokens import CACHE_MAX_BYTES, count_cache, count_tokens
 from tests.support import REPO
 from tests.support.commands import run_python

@@ -15,7 +15,7 @@ from memory_core import (
     forget_owner,
     save_session_to_thread_safe,
 )
-from memory_core.lifecycle import list_threads
+from memory_core.lifecycle.threads import list_threads
 from tests.support.snapshots import make_snapshot
 from tests.support.state import stored_seqs
 

@@ -9,12 +9,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memory_core.artifacts import derive_artifacts
-from memory_core.context import Exchange
-from memory_core.instructions import detect, key_of
-from memory_core.llm_free_fold import INSTRUCTIONS_HEADER, llm_free_fold, parse_sections
-from memory_core.sql_conditions import sql_conditions
+from memory_core.copy.context import Exchange
+from memory_core.fold.llm_free import INSTRUCTIONS_HEADER, llm_free_fold, parse_sections
+from memory_core.instructions.detect import detect, key_of
+from memory_core.instructions.sql_conditions import sql_conditions
 from memory_core.tokens import count_tokens
+from memory_core.write.artifacts import derive_artifacts
 
 
 def turn(seq: int, query: str, sql: tuple[str, ...] = ()) -> Exchange:
@@ -385,7 +385,7 @@ def test_folding_any_messages_stays_within_the_bound(queries: list[str], bound: 
 def test_detect_answers_from_its_memo_are_fresh_lists() -> None:
     """detect() remembers recent messages (folds read each turn twice): a caller that changes
     the list it got must not change what the next caller gets."""
-    from memory_core.instructions import _detect
+    from memory_core.instructions.detect import _detect
 
     query = "Exclude test accounts from now on; always use USD."
     first = detect(query)

@@ -25,11 +25,11 @@ import memory_core.models  # noqa: F401
 from examples.analytics_agent.dataset import ensure_dataset
 from examples.analytics_agent.graph import AnalyticsAgent
 from memory_core import RedisConversationMemory, save_session_to_thread_safe
-from memory_core.db import Base, get_engine
 from memory_core.devservices import fake_llm
 from memory_core.devservices.fake_llm import FakeLLMServer
 from memory_core.devservices.poll import wait_for
 from memory_core.devservices.workers import WorkerProcess
+from memory_core.io.db import Base, get_engine
 from memory_core.langgraph import (
     CHECKPOINT_SCHEMA,
     CHECKPOINT_TABLES,

@@ -27,9 +27,9 @@ from memory_core import (
     delete_thread,
     save_session_to_thread_safe,
 )
-from memory_core.db import get_engine
 from memory_core.devservices.poll import wait_for
 from memory_core.devservices.workers import WorkerProcess
+from memory_core.io.db import get_engine
 from memory_core.langgraph import (
     CHECKPOINT_SCHEMA,
     FinalizeMode,

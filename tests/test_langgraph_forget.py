@@ -20,7 +20,7 @@ from langgraph.graph import END, START, StateGraph
 from sqlalchemy import create_engine, text
 
 from memory_core import RedisConversationMemory
-from memory_core.db import get_engine
+from memory_core.io.db import get_engine
 from memory_core.langgraph import (
     CHECKPOINT_SCHEMA,
     MemoryState,
@@ -276,7 +276,7 @@ def test_deletions_need_no_langgraph_extra() -> None:
     code = (
         "import sys, uuid\n"
         "for m in ('langgraph', 'psycopg', 'psycopg_pool'): sys.modules[m] = None\n"
-        "from memory_core.db import get_engine\n"
+        "from memory_core.io.db import get_engine\n"
         "import memory_core.langgraph as lg\n"
         "assert not lg.langgraph_available()\n"
         "with get_engine().begin() as conn:\n"
@@ -351,7 +351,7 @@ def test_setup_rebuilds_an_index_whose_build_failed(scratch_db: str) -> None:
         engine.dispose()
 
 
-# -- through the product's deletions (memory_core.lifecycle) ----------------------------------
+# -- through the product's deletions (memory_core.lifecycle.threads) -----------------
 
 
 def test_delete_thread_deletes_its_runs_and_forget_owner_its_unsaved_runs(
@@ -388,7 +388,7 @@ def test_a_run_executing_during_the_delete_is_swept_afterwards(
     checkpointer: Any, memory: RedisConversationMemory
 ) -> None:
     from memory_core import delete_thread
-    from memory_core.purge import sweep_late_checkpoints
+    from memory_core.lifecycle.purge import sweep_late_checkpoints
 
     graph = small_graph(checkpointer, memory)
     owner = new_owner()

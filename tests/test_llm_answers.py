@@ -16,12 +16,12 @@ import pytest
 import redis
 
 from memory_core import RedisConversationMemory, save_session_to_thread_safe
-from memory_core.folding import Folder, FoldOutcome
-from memory_core.instructions import detect
-from memory_core.llm_free_fold import INSTRUCTIONS_HEADER, LLM_FREE_LABEL, parse_sections
+from memory_core.fold.folding import Folder, FoldOutcome
+from memory_core.fold.llm_free import INSTRUCTIONS_HEADER, LLM_FREE_LABEL, parse_sections
+from memory_core.fold.summarizer import ConversationSummarizer
+from memory_core.fold.summary_tail import strip_artifact_tail
+from memory_core.instructions.detect import detect
 from memory_core.settings import Settings
-from memory_core.summarizer import ConversationSummarizer
-from memory_core.summary_tail import strip_artifact_tail
 from memory_core.tokens import count_tokens
 from tests.support.scripted_llm import ScriptedLLMServer, prompt_texts
 from tests.support.snapshots import make_snapshot
@@ -159,7 +159,7 @@ def test_an_answer_that_echoes_its_prompt_is_never_stored_as_the_summary(
 
 def test_an_echo_of_a_managed_prompt_is_recognised_from_what_was_sent() -> None:
     """A Langfuse prompt has other words than the built-in one: the check reads the messages."""
-    from memory_core.prompts import prompt_echo  # (new in this change: imported here)
+    from memory_core.fold.prompts import prompt_echo  # (new in this change: imported here)
 
     template = "You are a meticulous note taker for analysts. Fold these notes into the memo: "
     values = ("(none yet)", "User: Revenue by region for 2025\nAssistant: EMEA leads.", "-")

@@ -37,13 +37,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from memory_core import RedisConversationMemory, save_session_to_thread_safe
-from memory_core.folding import Folder, FoldOutcome
-from memory_core.instructions import detect
-from memory_core.llm_free_fold import INSTRUCTIONS_HEADER, LLM_FREE_LABEL, parse_sections
-from memory_core.prompts import BUILTIN_LABEL, BUILTIN_USER
+from memory_core.fold.folding import Folder, FoldOutcome
+from memory_core.fold.llm_free import INSTRUCTIONS_HEADER, LLM_FREE_LABEL, parse_sections
+from memory_core.fold.prompts import BUILTIN_LABEL, BUILTIN_USER
+from memory_core.fold.summarizer import ConversationSummarizer, storable
+from memory_core.fold.summary_tail import stored_summary_bound, strip_artifact_tail
+from memory_core.instructions.detect import detect
 from memory_core.settings import Settings
-from memory_core.summarizer import ConversationSummarizer, storable
-from memory_core.summary_tail import stored_summary_bound, strip_artifact_tail
 from memory_core.tokens import count_tokens
 from tests.support.scripted_llm import ScriptedLLMServer, prompt_texts
 from tests.support.snapshots import make_snapshot

@@ -9,9 +9,9 @@ import redis
 from sqlalchemy import update
 
 from memory_core import RedisConversationMemory, ThreadNotFound, save_session_to_thread_safe
-from memory_core.db import session_scope
+from memory_core.io.db import session_scope
+from memory_core.io.redis_client import make_redis
 from memory_core.models import ConversationThread
-from memory_core.redis_client import make_redis
 from tests.support.faults import FaultyRedis
 from tests.support.snapshots import make_snapshot
 

@@ -8,7 +8,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, inspect
 
 import memory_core.models  # noqa: F401
-from memory_core.db import Base
+from memory_core.io.db import Base
 from memory_core.migrate import alembic_config, downgrade, upgrade
 from memory_core.settings import get_settings
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 
 from memory_core import RedisConversationMemory, save_session_to_thread_safe
-from memory_core.db import session_scope
+from memory_core.io.db import session_scope
 from memory_core.models import ConversationThread, ThreadMessage
 from tests.support.snapshots import make_snapshot
 

@@ -16,9 +16,9 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.exc import DBAPIError
 
 from memory_core import RedisConversationMemory, save_session_to_thread_safe
-from memory_core.fast_write import execute_autocommit, render
+from memory_core.io.fast_write import execute_autocommit, render
+from memory_core.io.sync_driver import run_sync
 from memory_core.settings import get_settings
-from memory_core.steps import run_sync
 from tests.support.snapshots import make_snapshot
 
 CALLS: list[tuple[str, bool]] = []
@@ -150,7 +150,7 @@ def test_errors_never_carry_the_bound_values(counting_engine: Engine) -> None:
 
 
 def test_render_binds_with_the_dialects_processors(counting_engine: Engine) -> None:
-    from memory_core.claim import finalize_statement
+    from memory_core.write.claim import finalize_statement
 
     rendered = render(finalize_statement(), counting_engine.dialect)
     tid = uuid.uuid4()

@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from memory_core.devservices.ports import free_port
-from memory_core.queues import FINALIZE_QUEUE
+from memory_core.io.queues import FINALIZE_QUEUE
 from tests.support.brokers import BROKERS, ready
 from tests.support.commands_signals import Command, queue_foreign_job, tagged
 

@@ -12,9 +12,9 @@ from pydantic import ValidationError
 from sqlalchemy import func, select
 
 from memory_core import RedisConversationMemory, TurnSnapshot, save_session_to_thread_safe
-from memory_core.artifacts import SqlArtifact
-from memory_core.db import session_scope
+from memory_core.io.db import session_scope
 from memory_core.models import ConversationThread, ThreadMessage
+from memory_core.write.artifacts import SqlArtifact
 from tests.support.snapshots import make_snapshot
 
 BAD: list[tuple[str, dict[str, Any]]] = [

@@ -12,20 +12,20 @@ from typing import Any
 import pytest
 from langfuse import Langfuse
 
-from memory_core.artifacts import derive_artifacts
-from memory_core.context import Exchange
+from memory_core.copy.context import Exchange
 from memory_core.devservices.fake_llm import FakeLLMServer
 from memory_core.devservices.poll import wait_for
 from memory_core.devservices.ports import free_port
-from memory_core.prompts import langfuse_prompt
-from memory_core.settings import Settings
-from memory_core.summarizer import (
+from memory_core.fold.prompts import langfuse_prompt
+from memory_core.fold.summarizer import (
     ConversationSummarizer,
     SummarizationError,
     SummaryResult,
     validate_summary,
 )
+from memory_core.settings import Settings
 from memory_core.tokens import count_tokens
+from memory_core.write.artifacts import derive_artifacts
 from tests.support.fake_langfuse import FakeLangfuseServer, HangingServer
 
 THREAD = "6fa459ea-ee8a-3ca4-894e-db77e160355e"

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from memory_core.devservices.poll import wait_for
 from memory_core.devservices.workers import WorkerProcess
-from memory_core.queues import (
+from memory_core.io.queues import (
     FINALIZE_QUEUE,
     FINALIZE_TASK,
     FOLD_QUEUE,

@@ -22,7 +22,7 @@ from celery import Task
 
 from memory_core.conversation_memory import RedisConversationMemory
 from memory_core.devservices.ports import free_port
-from memory_core.fold_publisher import FINALIZE_QUEUE
+from memory_core.fold.publisher import FINALIZE_QUEUE
 from memory_core.metrics import FINALIZE, TASK_UNEXPECTED
 from memory_core.settings import get_settings
 from tests.support.faults import RowLock, engine_with_lock_timeout
@@ -198,7 +198,7 @@ def test_an_error_inside_the_core_is_a_failed_save_and_retried(
     def broken(*_: Any, **__: Any) -> list[Any]:
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr("memory_core.session_handler.derive_artifacts", broken)
+    monkeypatch.setattr("memory_core.write.session_handler.derive_artifacts", broken)
     tid = uuid.uuid4()
     unexpected = TASK_UNEXPECTED.labels(tasks.finalize_turn.name)._value.get()
     when, reason = retried(tasks.finalize_turn, make_snapshot(tid, 1))

@@ -18,14 +18,14 @@ import redis
 from sqlalchemy import func, update
 
 from memory_core.conversation_memory import RedisConversationMemory
-from memory_core.db import session_scope
 from memory_core.devservices.ports import free_port
 from memory_core.events import Event
-from memory_core.fold_publisher import FOLD_QUEUE
-from memory_core.folding import Folder, backoff_delay
+from memory_core.fold.folding import Folder, backoff_delay
+from memory_core.fold.publisher import FOLD_QUEUE
+from memory_core.io.db import session_scope
 from memory_core.models import ConversationThread
-from memory_core.session_handler import save_session_to_thread_safe
 from memory_core.settings import get_settings
+from memory_core.write.session_handler import save_session_to_thread_safe
 from tests.support.faults import RowLock, engine_with_lock_timeout, postgres_role
 from tests.support.jobs import (
     DEAD_POSTGRES,

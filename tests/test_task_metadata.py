@@ -14,9 +14,9 @@ from celery import Celery
 
 from memory_core.devservices.poll import wait_for
 from memory_core.devservices.workers import WorkerProcess
-from memory_core.enqueue import enqueue_turn
-from memory_core.queues import FINALIZE_QUEUE, FINALIZE_TASK, FOLD_QUEUE
+from memory_core.io.queues import FINALIZE_QUEUE, FINALIZE_TASK, FOLD_QUEUE
 from memory_core.settings import get_settings
+from memory_core.write.enqueue import enqueue_turn
 from tests.support.brokers import BROKERS
 from tests.support.raw_jobs import checkout_worker_argv, dead_letters, send_raw
 from tests.support.snapshots import make_snapshot

@@ -12,14 +12,14 @@ from typing import Any
 import httpx
 import pytest
 
-from memory_core.context import Exchange
+from memory_core.copy.context import Exchange
 from memory_core.devservices.fake_llm import FakeLLMServer
 from memory_core.devservices.poll import wait_for
 from memory_core.devservices.ports import free_port
-from memory_core.prompts import make_langfuse_client
+from memory_core.fold.prompts import make_langfuse_client
+from memory_core.fold.summarizer import ConversationSummarizer
+from memory_core.lifecycle.trace_purge import DELETE_BATCH, TracePurge, purge_session_traces
 from memory_core.settings import Settings
-from memory_core.summarizer import ConversationSummarizer
-from memory_core.trace_purge import DELETE_BATCH, TracePurge, purge_session_traces
 from tests.support.fake_langfuse import FakeLangfuseServer
 
 TIMEOUT_S = 0.5

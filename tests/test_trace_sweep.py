@@ -16,8 +16,8 @@ from sqlalchemy import text
 from memory_core import delete_thread, forget_owner, save_session_to_thread_safe
 from memory_core.bench.common import snapshot
 from memory_core.conversation_memory import RedisConversationMemory
+from memory_core.lifecycle.trace_sweep import sweep_trace_purges
 from memory_core.settings import Settings, get_settings
-from memory_core.trace_sweep import sweep_trace_purges
 from tests.support.fake_langfuse import FakeLangfuseServer
 
 SETTLE_S = 600

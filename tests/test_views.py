@@ -10,21 +10,21 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memory_core.artifacts import (
-    Artifact,
-    DashboardArtifact,
-    SqlArtifact,
-    VisualizationArtifact,
-    indent_block,
-)
-from memory_core.context import ConversationContext, Exchange
-from memory_core.tokens import count_tokens, encoding
-from memory_core.views import (
+from memory_core.copy.context import ConversationContext, Exchange
+from memory_core.copy.views import (
     NEWEST_ALWAYS_FROM,
     TRUNCATED_MARKER,
     Focus,
     render_conversation_context,
     render_exchange,
+)
+from memory_core.tokens import count_tokens, encoding
+from memory_core.write.artifacts import (
+    Artifact,
+    DashboardArtifact,
+    SqlArtifact,
+    VisualizationArtifact,
+    indent_block,
 )
 
 SQL = (

@@ -13,7 +13,7 @@ Reliability settings and why:
   long before redelivery (docs/OPERATIONS.md): at most visibility_timeout +
   unacked_restore_interval. Set in both transport-option dicts, as kombu reads each separately.
 * the broker: RabbitMQ (`amqp://`, the production broker) or Redis. The queues are declared as
-  memory_core/queues.py says, for both; only the transport options differ (below).
+  memory_core/io/queues.py says, for both; only the transport options differ (below).
 * soft shutdown: on SIGTERM (remapped to Celery's cold shutdown by `agent-memory worker`,
   REMAP_SIGTERM=SIGQUIT) running jobs get `worker_soft_shutdown_timeout` to finish; then they
   and everything else the worker holds (prefetched jobs, ETA retries it is only waiting on)
@@ -33,9 +33,7 @@ from celery.worker.consumer import Consumer
 from kombu.exceptions import ContentDisallowed
 from prometheus_client import multiprocess
 
-from memory_core.logs import get_logger
-from memory_core.metrics import serve_worker_metrics
-from memory_core.queues import (
+from memory_core.io.queues import (
     FINALIZE_QUEUE,
     FINALIZE_TASK,
     FOLD_QUEUE,
@@ -48,6 +46,8 @@ from memory_core.queues import (
     is_amqp,
     task_queues,
 )
+from memory_core.logs import get_logger
+from memory_core.metrics import serve_worker_metrics
 from memory_core.settings import SettingsError, get_settings
 from memory_core.tokens import encoding
 
@@ -256,7 +256,7 @@ def make_app() -> Celery:
 def _warm_up(**_: Any) -> None:
     # Load the BPE ranks once in the parent, before the pool forks: otherwise every child
     # pays ~0.5 s on its first fold or view. The same for Langfuse's SDK, which only a
-    # configured Langfuse loads (memory_core/prompts.py).
+    # configured Langfuse loads (memory_core/fold/prompts.py).
     encoding()
     if get_settings().langfuse_configured:
         import langfuse  # noqa: F401, PLC0415

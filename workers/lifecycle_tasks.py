@@ -1,7 +1,7 @@
 """Lifecycle tasks: `memory.forget_owner`, `memory.apply_retention`, `memory.purge_traces`,
 `memory.sweep_folds`.
 
-Thin shells over memory_core/lifecycle.py, on the fold queue. Each is idempotent and commits
+Thin shells over memory_core/lifecycle/threads.py, on the fold queue. Each is idempotent and commits
 batch by batch, so a retry, a redelivery or a run killed by its time limit (requeued, not
 acked: `acks_on_timeout = False`) goes on from what is left.
 """
@@ -10,19 +10,19 @@ from __future__ import annotations
 
 from typing import Any, NoReturn
 
-from memory_core.db import describe_db_error
-from memory_core.fold_sweep import sweep_lost_folds
-from memory_core.folding import POSTGRES_DOWN
-from memory_core.lifecycle import DeleteFailed, apply_retention, forget_owner
-from memory_core.logs import get_logger
-from memory_core.purge import sweep_late_checkpoints
-from memory_core.queues import (
+from memory_core.fold.folding import POSTGRES_DOWN
+from memory_core.fold.sweep import sweep_lost_folds
+from memory_core.io.db import describe_db_error
+from memory_core.io.queues import (
     FORGET_OWNER_TASK,
     PURGE_TRACES_TASK,
     RETENTION_TASK,
     SWEEP_FOLDS_TASK,
 )
-from memory_core.trace_sweep import sweep_trace_purges
+from memory_core.lifecycle.purge import sweep_late_checkpoints
+from memory_core.lifecycle.threads import DeleteFailed, apply_retention, forget_owner
+from memory_core.lifecycle.trace_sweep import sweep_trace_purges
+from memory_core.logs import get_logger
 
 from .app import app
 from .tasks import MemoryTask, finalize_retry_delay, refuse, retry_or_requeue
@@ -106,7 +106,7 @@ def purge_traces_task(self: MemoryTask) -> dict[str, Any]:
     time_limit=150,
 )
 def sweep_folds_task(self: MemoryTask) -> dict[str, Any]:
-    """Folds requested and then lost (memory_core/fold_sweep.py): published again."""
+    """Folds requested and then lost (memory_core/fold/sweep.py): published again."""
     try:
         sweep = sweep_lost_folds(self.memory)
     except POSTGRES_DOWN as exc:

@@ -4,7 +4,7 @@ Celery copies a message's `argsrepr` / `kwargsrepr` headers into the `task-recei
 (and into its log records), and a producer that did not set them sends the whole snapshot
 there: Flower kept owner ids, queries and answers, also after `forget_owner`. `MemoryRequest`
 (every memory task's `Request`) rewrites both from the decoded arguments with
-`memory_core.queues.task_reprs` before any event or log sees them, and withholds tracebacks
+`memory_core.io.queues.task_reprs` before any event or log sees them, and withholds tracebacks
 from task events (a chained exception's message may quote what it was processing).
 
 A message Celery refuses before any task runs (an unknown task name, a body that is not a task
@@ -24,16 +24,16 @@ from celery.exceptions import InvalidTaskError
 from celery.worker.request import Request
 
 from memory_core.events import MEMORY_JOB_REFUSED, emit_event
-from memory_core.logs import get_logger
-from memory_core.metrics import JOBS_REFUSED
-from memory_core.queues import (
+from memory_core.io.queues import (
     FINALIZE_QUEUE,
     FOLD_QUEUE,
     MEMORY_TASKS,
     canonical_uuid,
     task_reprs,
 )
-from memory_core.redis_client import get_redis
+from memory_core.io.redis_client import get_redis
+from memory_core.logs import get_logger
+from memory_core.metrics import JOBS_REFUSED
 
 log = get_logger(__name__)
 _celery_log = logging.getLogger(__name__)

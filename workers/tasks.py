@@ -11,7 +11,6 @@ from celery import Task
 from celery.exceptions import Ignore, Reject, Retry
 
 from memory_core.conversation_memory import RedisConversationMemory
-from memory_core.db import describe_db_error
 from memory_core.events import (
     MEMORY_FINALIZE_REJECTED,
     MEMORY_JOB_DEAD_LETTERED,
@@ -19,18 +18,19 @@ from memory_core.events import (
     MEMORY_SUMMARIZED,
     emit_event,
 )
-from memory_core.fold_publisher import FINALIZE_TASK, FOLD_TASK, publish_fold
-from memory_core.folding import POSTGRES_DOWN, Folder, backoff_delay
+from memory_core.fold.folding import POSTGRES_DOWN, Folder, backoff_delay
+from memory_core.fold.publisher import FINALIZE_TASK, FOLD_TASK, publish_fold
+from memory_core.fold.summarizer import ConversationSummarizer
+from memory_core.io.db import describe_db_error
+from memory_core.io.queues import task_reprs
 from memory_core.logs import describe_error, get_logger
 from memory_core.metrics import JOBS_DEAD_LETTERED, TASK_UNEXPECTED
-from memory_core.queues import task_reprs
-from memory_core.session_handler import (
+from memory_core.settings import get_settings
+from memory_core.write.session_handler import (
     REASON_DELETED,
     SaveOutcome,
     save_session_to_thread_safe,
 )
-from memory_core.settings import get_settings
-from memory_core.summarizer import ConversationSummarizer
 
 from .app import app, finalize_limits, fold_limits
 from .requests import MemoryRequest, record_refusal, request_ids

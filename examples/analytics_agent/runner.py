@@ -28,7 +28,7 @@ from langgraph.types import Command
 from examples.analytics_agent.dataset import ensure_dataset
 from examples.analytics_agent.graph import AnalyticsAgent
 from memory_core import RedisConversationMemory, aclose_connections
-from memory_core.db import get_engine
+from memory_core.io.db import get_engine
 from memory_core.langgraph import (
     FinalizeMode,
     aforget_run,

@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from memory_core import asave_session_to_thread_safe, save_session_to_thread_safe
-from memory_core.aio import ASYNC_REDIS_MAX_CONNECTIONS
 from memory_core.bench.aio_common import check_saved
 from memory_core.bench.common import pct, snapshot
+from memory_core.io.aio import ASYNC_REDIS_MAX_CONNECTIONS
 
 if TYPE_CHECKING:
-    from memory_core.bench.aio import AsyncBench
+    from memory_core.bench.aio_bench import AsyncBench
 
 HISTORY = 60  # turns per agent thread before the run (40 unfolded)
 

@@ -26,10 +26,10 @@ from memory_core import asave_session_to_thread_safe
 from memory_core.bench.aio_common import Versus, check_saved, interleaved
 from memory_core.bench.common import exchange, snapshot
 from memory_core.bench.core import WARM_TURNS
-from memory_core.context import Exchange
+from memory_core.copy.context import Exchange
 
 if TYPE_CHECKING:
-    from memory_core.bench.aio import AsyncBench
+    from memory_core.bench.aio_bench import AsyncBench
 
 SESSIONS = 50
 DRIVERS = {"asyncpg": "asyncpg, as the SDK documents", "psycopg": "psycopg 3, our driver"}

@@ -28,7 +28,7 @@ from memory_core.bench.aio_common import Versus
 from memory_core.bench.broker_adapters import without_credentials
 from memory_core.bench.common import snapshot
 from memory_core.bench.workers_bench import PRELOAD, WorkersBench
-from memory_core.queues import FINALIZE_TASK
+from memory_core.io.queues import FINALIZE_TASK
 from memory_core.settings import Settings
 
 POLL_S = 0.002

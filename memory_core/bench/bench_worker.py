@@ -14,7 +14,7 @@ from datetime import datetime
 from pathlib import Path
 
 from memory_core.devservices.workers import QUEUES, WorkerProcess
-from memory_core.queues import FINALIZE_QUEUE, FINALIZE_TASK, FOLD_QUEUE, FOLD_TASK
+from memory_core.io.queues import FINALIZE_QUEUE, FINALIZE_TASK, FOLD_QUEUE, FOLD_TASK
 
 NOOP_TASK = "memory.bench_noop"
 POOLS = ("prefork", "threads", "gevent", "solo")

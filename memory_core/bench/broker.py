@@ -13,7 +13,7 @@ from typing import Any
 
 from kombu import Connection, Exchange, Queue
 
-from memory_core.fold_publisher import WORKER_PACKAGE
+from memory_core.fold.publisher import WORKER_PACKAGE
 
 STOCK = "kombu.transport.redis:Transport"
 ATOMIC = f"{WORKER_PACKAGE}.broker:Transport"

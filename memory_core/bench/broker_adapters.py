@@ -4,7 +4,7 @@ Redis (`redis://`): a database of the bench's own; the keys the bench created ar
 the end. RabbitMQ (`amqp://`): on the machine's node (a local URL, port 5672) the bench runs in
 a throwaway vhost it creates and deletes; elsewhere in the URL's vhost, whose task queues it
 purges at the end. Queues are declared exactly as the workers declare them
-(`memory_core.queues.task_queues`: quorum queues on the topic exchange `memory`). What the
+(`memory_core.io.queues.task_queues`: quorum queues on the topic exchange `memory`). What the
 broker holds (backlog) on Redis: the queue lists and kombu's `unacked` hash. On RabbitMQ: the
 ready messages (passive declares) and, once none is ready, what the worker holds (`inspect`
 active + reserved), since AMQP does not tell a client what other consumers hold unacked.
@@ -37,7 +37,7 @@ from memory_core.devservices.rabbitmq import (
     purge_queues,
     test_vhost,
 )
-from memory_core.queues import (
+from memory_core.io.queues import (
     DEAD_LETTER_QUEUE,
     EXCHANGE,
     FINALIZE_QUEUE,

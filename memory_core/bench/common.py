@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from memory_core.artifacts import derive_artifacts
-from memory_core.context import Exchange
-from memory_core.snapshot import TurnSnapshot
+from memory_core.copy.context import Exchange
+from memory_core.write.artifacts import derive_artifacts
+from memory_core.write.snapshot import TurnSnapshot
 
 BASE_TIME = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 # A raw Redash config: the core must reduce it to a compact descriptor.

@@ -30,7 +30,6 @@ import psycopg2
 import redis
 from sqlalchemy.engine import make_url
 
-from memory_core.artifacts import ARTIFACTS_ADAPTER
 from memory_core.bench.common import (
     BASE_TIME,
     LOAD_TURNS,
@@ -43,17 +42,18 @@ from memory_core.bench.common import (
     snapshot,
 )
 from memory_core.bench.floor import materialize
-from memory_core.claim import claim_params, finalize_statement
-from memory_core.context import ConversationContext
 from memory_core.conversation_memory import RedisConversationMemory
-from memory_core.db import get_engine
-from memory_core.fast_write import render
-from memory_core.redis_client import make_redis
-from memory_core.session_handler import TITLE_MAX, save_session_to_thread_safe
+from memory_core.copy.context import ConversationContext
+from memory_core.copy.views import render_conversation_context
+from memory_core.copy.working_copy import _WRITE
+from memory_core.io.db import get_engine
+from memory_core.io.fast_write import render
+from memory_core.io.redis_client import make_redis
 from memory_core.settings import Settings
 from memory_core.tokens import count_cache, encoding, turn_size
-from memory_core.views import render_conversation_context
-from memory_core.working_copy import _WRITE
+from memory_core.write.artifacts import ARTIFACTS_ADAPTER
+from memory_core.write.claim import claim_params, finalize_statement
+from memory_core.write.session_handler import TITLE_MAX, save_session_to_thread_safe
 
 COMMAND = "agent-memory bench core"
 KEY_PREFIX = "chat_conversation:bench"

@@ -18,8 +18,8 @@ from uuid import UUID
 from pydantic import BaseModel
 from pydantic_core import from_json
 
-from memory_core.artifacts import DashboardArtifact, SqlArtifact, VisualizationArtifact
-from memory_core.context import ConversationContext, Exchange
+from memory_core.copy.context import ConversationContext, Exchange
+from memory_core.write.artifacts import DashboardArtifact, SqlArtifact, VisualizationArtifact
 
 _KINDS: dict[str, type[BaseModel]] = {
     "sql": SqlArtifact,

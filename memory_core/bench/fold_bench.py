@@ -18,11 +18,11 @@ from memory_core.bench.bench_worker import task_times_ms
 from memory_core.bench.broker_adapters import RedisBroker
 from memory_core.bench.common import snapshot
 from memory_core.bench.workers_bench import LONG_THREAD, PRELOAD, WorkersBench
-from memory_core.folding import Folder
-from memory_core.queues import FOLD_QUEUE, FOLD_TASK
-from memory_core.session_handler import save_session_to_thread_safe
-from memory_core.summarizer import ConversationSummarizer
+from memory_core.fold.folding import Folder
+from memory_core.fold.summarizer import ConversationSummarizer
+from memory_core.io.queues import FOLD_QUEUE, FOLD_TASK
 from memory_core.tokens import count_tokens
+from memory_core.write.session_handler import save_session_to_thread_safe
 
 _FOLDED = """SELECT count(*) FROM conversation_threads
 WHERE id = ANY(%s::uuid[]) AND summary_through_seq > 0"""

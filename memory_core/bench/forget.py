@@ -20,9 +20,9 @@ from sqlalchemy import text
 
 from memory_core.bench.common import BASE_TIME, LOAD_TURNS, machine
 from memory_core.conversation_memory import RedisConversationMemory
-from memory_core.db import get_engine
-from memory_core.lifecycle import forget_owner
-from memory_core.redis_client import make_redis
+from memory_core.io.db import get_engine
+from memory_core.io.redis_client import make_redis
+from memory_core.lifecycle.threads import forget_owner
 from memory_core.settings import Settings
 
 _CHECKPOINTS = "langgraph.checkpoints"

@@ -24,10 +24,10 @@ from typing import Any
 
 from memory_core.bench.common import snapshot
 from memory_core.conversation_memory import RedisConversationMemory, ThreadNotFound
-from memory_core.db import get_engine
-from memory_core.redis_client import make_redis
-from memory_core.session_handler import save_session_to_thread_safe
+from memory_core.io.db import get_engine
+from memory_core.io.redis_client import make_redis
 from memory_core.settings import Settings
+from memory_core.write.session_handler import save_session_to_thread_safe
 
 OWNER = "bench-owner"
 
@@ -136,10 +136,10 @@ def _rss_mib() -> float:
 
 def _child(settings_json: str, turns: int) -> None:
     """What a fold worker does, `turns` times, with distinct long texts; prints RSS figures."""
+    from memory_core.copy.views import render_conversation_context
     from memory_core.devservices.fake_llm import FakeLLMServer
-    from memory_core.folding import Folder
-    from memory_core.summarizer import ConversationSummarizer
-    from memory_core.views import render_conversation_context
+    from memory_core.fold.folding import Folder
+    from memory_core.fold.summarizer import ConversationSummarizer
 
     llm = FakeLLMServer().start()
     s = Settings.model_validate_json(settings_json).model_copy(

@@ -21,9 +21,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from memory_core.bench.common import Pair, format_table, machine, paired
-from memory_core.broker_connections import IDLE, drop
-from memory_core.fold_publisher import FOLD_QUEUE, FOLD_TASK, publisher_app, send_by_name
-from memory_core.queues import is_amqp, task_queue
+from memory_core.fold.publisher import FOLD_QUEUE, FOLD_TASK, publisher_app, send_by_name
+from memory_core.io.broker_connections import IDLE, drop
+from memory_core.io.queues import is_amqp, task_queue
 
 GOAL = 1.5  # a publish on a kept connection vs the raw limit
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import importlib.util
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from statistics import median
@@ -34,65 +34,21 @@ from memory_core.bench.broker_adapters import without_credentials
 from memory_core.bench.common import json_logs_to_devnull, machine
 from memory_core.bench.fold_bench import FoldBench
 from memory_core.bench.sizing_plot import draw_plot
+from memory_core.bench.sizing_points import (
+    INSTALL_HINT,
+    Point,
+    SizingResult,
+    parse_points,
+    require_matplotlib,
+)
 from memory_core.bench.workers_bench import WorkersBench
-from memory_core.queues import FINALIZE_QUEUE, FOLD_QUEUE, is_amqp
+from memory_core.io.queues import FINALIZE_QUEUE, FOLD_QUEUE, is_amqp
 
 COMMAND = "agent-memory bench sizing"
 DEFAULT_FINALIZE = "prefork:1,2,4,8;threads:4,8,16;gevent:8,32;prefork:4@4"
 DEFAULT_FOLD = "prefork:2,4;threads:8,32;gevent:32"
 DEFAULT_JOBS, DEFAULT_FOLDS, DEFAULT_LATENCY_S = 800, 48, 0.5
 DEFAULT_PLOT = Path("docs/bench/sizing-throughput.png")
-INSTALL_HINT = "pip install 'agent-memory[bench]'"
-
-
-@dataclass(frozen=True)
-class Point:
-    """One worker shape of the sweep."""
-
-    pool: str
-    concurrency: int
-    prefetch: int = 1
-
-    @property
-    def label(self) -> str:
-        return f"{self.pool} -c {self.concurrency} prefetch {self.prefetch}"
-
-
-def parse_points(spec: str) -> list[Point]:
-    """`prefork:1,2,4;threads:8@4`: groups `pool:concurrency,...` separated by `;`, each
-    concurrency optionally `@prefetch` (default 1). Empty: no point. ValueError if malformed."""
-    points: list[Point] = []
-    for group in (g.strip() for g in spec.split(";")):
-        if not group:
-            continue
-        pool, sep, values = group.partition(":")
-        if not sep or not values.strip():
-            raise ValueError(f"bad sizing points {group!r}: expected pool:c1,c2 (e.g. threads:4,8)")
-        for item in (v.strip() for v in values.split(",") if v.strip()):
-            c, _, p = item.partition("@")
-            try:
-                point = Point(pool.strip(), int(c), int(p) if p else 1)
-            except ValueError:
-                raise ValueError(f"bad sizing point {pool}:{item!r}: integers expected") from None
-            if point in points:
-                raise ValueError(f"sizing point {point.label} named twice")
-            points.append(point)
-    return points
-
-
-@dataclass
-class SizingResult:
-    """Every run of every point (several with `repeat`), and what was printed."""
-
-    finalize: dict[Point, list[dict[str, float]]] = field(default_factory=dict)
-    fold: dict[Point, list[dict[str, float]]] = field(default_factory=dict)
-    lines: list[str] = field(default_factory=list)
-    plot: Path | None = None
-
-
-def require_matplotlib() -> None:
-    if importlib.util.find_spec("matplotlib") is None:
-        raise RuntimeError(f"the sizing plot needs matplotlib: {INSTALL_HINT} (or --plot '')")
 
 
 def _usable(

@@ -10,12 +10,13 @@ from statistics import median
 from typing import TYPE_CHECKING
 
 from memory_core.bench.bench_worker import POOLS
-from memory_core.queues import FINALIZE_QUEUE, FOLD_QUEUE
+from memory_core.bench.sizing_points import require_matplotlib
+from memory_core.io.queues import FINALIZE_QUEUE, FOLD_QUEUE
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
-    from memory_core.bench.sizing import Point, SizingResult
+    from memory_core.bench.sizing_points import Point, SizingResult
 
 COLORS = {"prefork": "#1f77b4", "threads": "#ff7f0e", "gevent": "#2ca02c", "solo": "#7f7f7f"}
 
@@ -53,8 +54,6 @@ def _lines_per_pool(
 
 def draw_plot(result: SizingResult, path: Path, *, title: str, latency_s: float) -> Path:
     """finalize and no-op jobs/s vs concurrency, one line per pool; fold jobs/s beside it."""
-    from memory_core.bench.sizing import require_matplotlib
-
     require_matplotlib()
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure

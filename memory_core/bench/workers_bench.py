@@ -38,8 +38,8 @@ from memory_core.conversation_memory import RedisConversationMemory
 from memory_core.devservices.fake_llm import FakeLLMServer
 from memory_core.devservices.poll import wait_for
 from memory_core.devservices.workers import QUEUES
-from memory_core.queues import FINALIZE_QUEUE, FINALIZE_TASK, FOLD_QUEUE, FOLD_TASK
-from memory_core.redis_client import make_redis
+from memory_core.io.queues import FINALIZE_QUEUE, FINALIZE_TASK, FOLD_QUEUE, FOLD_TASK
+from memory_core.io.redis_client import make_redis
 from memory_core.settings import Settings
 
 MAX_THREADS, PRELOAD, TURNS_PER_THREAD = 100, 20, 20

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from memory_core.views import Focus
+from memory_core.copy.views import Focus
 
 OWNER = "demo-analyst"
 FOLLOW_UP = "now make that a bar chart by quarter"

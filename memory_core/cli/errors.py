@@ -9,6 +9,7 @@ from typing import Any, NoReturn, TypeVar
 import typer
 
 from memory_core.settings import get_settings
+from memory_core.write.snapshot import is_blank
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -30,7 +31,7 @@ def one_line_errors(fn: F) -> F:
         from sqlalchemy.exc import OperationalError
 
         from memory_core.conversation_memory import ThreadNotFound
-        from memory_core.purge import DeleteFailed
+        from memory_core.lifecycle.purge import DeleteFailed
 
         try:
             return fn(*args, **kwargs)
@@ -81,3 +82,14 @@ def safe_url(url: str) -> str:
         return make_url(url).render_as_string(hide_password=True)
     except Exception:
         return url.rsplit("@", maxsplit=1)[-1]
+
+
+def check_owner(owner: str) -> str:
+    """An owner id that can own threads, or one line and exit 1 (the id is not echoed)."""
+    try:
+        owner.encode("utf-8")
+    except UnicodeEncodeError:
+        fail("--owner is not valid UTF-8")
+    if is_blank(owner) or "\x00" in owner:
+        fail("--owner must be a non-empty string")
+    return owner

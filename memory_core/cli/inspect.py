@@ -26,7 +26,7 @@ def context(
 ) -> None:
     """Print a thread's memory as the node view FOCUS would see it."""
     from memory_core.conversation_memory import RedisConversationMemory
-    from memory_core.views import FOCUSES, render_conversation_context
+    from memory_core.copy.views import FOCUSES, render_conversation_context
 
     if focus not in FOCUSES:
         fail(f"--focus must be one of {', '.join(FOCUSES)}")
@@ -44,8 +44,8 @@ def threads(
     archived: Annotated[bool, typer.Option(help="Include archived threads.")] = False,
 ) -> None:
     """List a user's threads, most recently active first (the history UI's list)."""
-    from memory_core.cli.lifecycle import check_owner
-    from memory_core.lifecycle import list_threads
+    from memory_core.cli.errors import check_owner
+    from memory_core.lifecycle.threads import list_threads
 
     rows = list_threads(check_owner(owner), include_archived=archived, limit=limit)
     for t in rows:
@@ -74,7 +74,7 @@ def events_tail(  # options only: typer passes them by name
 ) -> None:
     """Print memory events (memory_summarization_failed, memory_finalize_rejected, ...)."""
     from memory_core.events import format_event, routine_stream, tail_events
-    from memory_core.redis_client import get_redis
+    from memory_core.io.redis_client import get_redis
 
     s = get_settings()
     stream = routine_stream(s.memory_events_stream) if routine else s.memory_events_stream

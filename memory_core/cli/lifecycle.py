@@ -1,6 +1,6 @@
 """The lifecycle commands: `threads [list]|archive|unarchive|delete`, `forget`, `retention run`.
 
-Thin shells over memory_core/lifecycle.py. Destructive commands (`threads delete`, `forget`,
+Thin shells over memory_core/lifecycle/threads.py. Destructive commands (`threads delete`, `forget`,
 `retention run` without `--dry-run`) ask on a terminal; `--yes` skips the question, and without
 a terminal and without `--yes` they refuse, having deleted nothing. Results are one line on
 stdout; errors one line on stderr (exit 1). Owner ids are never printed on stdout nor logged;
@@ -16,15 +16,14 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from memory_core.cli.errors import fail, one_line_errors, safe_url
+from memory_core.cli.errors import check_owner, fail, one_line_errors, safe_url
 from memory_core.cli.inspect import threads as list_owner_threads
 from memory_core.settings import get_settings
-from memory_core.snapshot import is_blank
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from memory_core.purge import PurgeReport
+    from memory_core.lifecycle.purge import PurgeReport
 
 threads_app = typer.Typer(
     help="A user's threads: list (the default), archive, unarchive, delete.",
@@ -39,17 +38,6 @@ Yes = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmat
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def check_owner(owner: str) -> str:
-    """An owner id that can own threads, or one line and exit 1 (the id is not echoed)."""
-    try:
-        owner.encode("utf-8")
-    except UnicodeEncodeError:
-        fail("--owner is not valid UTF-8")
-    if is_blank(owner) or "\x00" in owner:
-        fail("--owner must be a non-empty string")
-    return owner
 
 
 def confirm(question: str, yes: bool) -> None:
@@ -119,7 +107,7 @@ threads_app.command("list")(list_owner_threads)
 @one_line_errors
 def threads_archive(thread_id: str, owner: Owner) -> None:
     """Hide a thread from the history list (still readable and continuable)."""
-    from memory_core.lifecycle import archive_thread
+    from memory_core.lifecycle.threads import archive_thread
 
     archive_thread(thread_id, owner)
     typer.echo(f"archived thread {thread_id}")
@@ -129,7 +117,7 @@ def threads_archive(thread_id: str, owner: Owner) -> None:
 @one_line_errors
 def threads_unarchive(thread_id: str, owner: Owner) -> None:
     """Show an archived thread in the history list again."""
-    from memory_core.lifecycle import unarchive_thread
+    from memory_core.lifecycle.threads import unarchive_thread
 
     unarchive_thread(thread_id, owner)
     typer.echo(f"unarchived thread {thread_id}")
@@ -139,7 +127,7 @@ def threads_unarchive(thread_id: str, owner: Owner) -> None:
 @one_line_errors
 def threads_delete(thread_id: str, owner: Owner, yes: Yes = False) -> None:
     """Delete a thread for good: turns, summary, working copy, checkpoints (and traces)."""
-    from memory_core.lifecycle import delete_thread
+    from memory_core.lifecycle.threads import delete_thread
 
     confirm(f"Delete thread {thread_id} for good?", yes)
     report = delete_thread(thread_id, owner)
@@ -167,7 +155,7 @@ def forget(
     if enqueue:
         typer.echo(_enqueue_forget(owner))
         return
-    from memory_core.lifecycle import forget_owner
+    from memory_core.lifecycle.threads import forget_owner
 
     with _progress() as progress:
         report = forget_owner(owner, batch_size=batch_size, progress=progress)
@@ -182,8 +170,8 @@ def forget(
 
 def _enqueue_forget(owner: str) -> str:
     """Publish `memory.forget_owner` once the broker accepted it; its task id."""
-    from memory_core.fold_publisher import send_by_name
-    from memory_core.queues import FOLD_QUEUE, FORGET_OWNER_TASK
+    from memory_core.fold.publisher import send_by_name
+    from memory_core.io.queues import FOLD_QUEUE, FORGET_OWNER_TASK
 
     url = get_settings().celery_broker_url
     try:
@@ -234,7 +222,7 @@ def retention_run(
 
     Then, with Langfuse configured, retry the pending trace purges of deleted threads.
     """
-    from memory_core.lifecycle import apply_retention
+    from memory_core.lifecycle.threads import apply_retention
 
     s = get_settings()
     days = s.memory_retention_days
@@ -261,7 +249,7 @@ def retention_run(
 
 
 def _sweep_traces() -> None:
-    from memory_core.trace_sweep import sweep_trace_purges
+    from memory_core.lifecycle.trace_sweep import sweep_trace_purges
 
     sweep = sweep_trace_purges()
     typer.echo(

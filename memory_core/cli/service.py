@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from memory_core.cli.errors import fail, one_line_errors, safe_url
-from memory_core.fold_publisher import WORKER_APP
+from memory_core.fold.publisher import WORKER_APP
 from memory_core.settings import get_settings
 
 QUEUES = "memory.finalize,memory.fold"

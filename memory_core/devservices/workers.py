@@ -23,7 +23,7 @@ from typing import Self
 
 from memory_core.devservices.poll import WaitTimeout, wait_for
 from memory_core.devservices.signals import deferred
-from memory_core.fold_publisher import FINALIZE_QUEUE, FOLD_QUEUE, WORKER_APP
+from memory_core.fold.publisher import FINALIZE_QUEUE, FOLD_QUEUE, WORKER_APP
 
 QUEUES = f"{FINALIZE_QUEUE},{FOLD_QUEUE}"
 LOG_TAIL_CHARS = 4000

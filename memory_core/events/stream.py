@@ -38,7 +38,7 @@ MEMORY_JOB_DEAD_LETTERED = "memory_job_dead_lettered"
 # ours, wrong arguments): acked, never run, never dead-lettered. Extras: `message_id`, `task`,
 # `queue` (each "" unless it is one of ours or a UUID), `reason` (a fixed code).
 MEMORY_JOB_REFUSED = "memory_job_refused"
-# Lifecycle (memory_core/lifecycle.py): ids and counts only, never an owner id.
+# Lifecycle (memory_core/lifecycle/threads.py): ids and counts only, never an owner id.
 MEMORY_THREAD_DELETED = "memory_thread_deleted"
 MEMORY_OWNER_FORGOTTEN = "memory_owner_forgotten"
 MEMORY_RETENTION_RUN = "memory_retention_run"

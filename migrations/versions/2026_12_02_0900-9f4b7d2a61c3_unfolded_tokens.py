@@ -4,7 +4,7 @@ The estimated tokens (memory_core.tokens.turn_size) of a thread's unfolded turns
 adds its turn's size when `MEMORY_FOLD_TOKEN_TRIGGER` is on, a fold subtracts the sizes of the
 turns it folded. Existing threads start at 0 (adding the column rewrites no rows): their turns
 stored before the upgrade are not counted, and the next fold that reads the unfolded turns
-corrects the counter (memory_core/fold_tokens.py).
+corrects the counter (memory_core/fold/tokens.py).
 
 Revision ID: 9f4b7d2a61c3
 Revises: 3d9a6c1e5b27

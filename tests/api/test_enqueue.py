@@ -11,7 +11,7 @@ import pytest
 
 from memory_core import RedisConversationMemory, save_session_to_thread_safe
 from memory_core.devservices.ports import free_port
-from memory_core.queues import FINALIZE_QUEUE
+from memory_core.io.queues import FINALIZE_QUEUE
 from tests.support.api import Api
 from tests.support.brokers import BROKERS, ready
 from tests.support.snapshots import make_snapshot

@@ -22,7 +22,7 @@ from memory_core import (
     delete_thread,
     save_session_to_thread_safe,
 )
-from memory_core.db import session_scope
+from memory_core.io.db import session_scope
 from memory_core.models import ThreadMessage
 from tests.support.api import OWNER, Api, copy_members, new_thread, seqs
 from tests.support.snapshots import make_snapshot

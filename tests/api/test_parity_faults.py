@@ -13,8 +13,8 @@ import pytest
 import redis
 
 from memory_core import RedisConversationMemory, ThreadNotFound
-from memory_core.db import reset_engines
 from memory_core.devservices.ports import free_port
+from memory_core.io.db import reset_engines
 from memory_core.settings import get_settings
 from tests.support.api import OWNER, Api, copy_members, memory_at, new_thread, seqs
 from tests.support.faults import FaultyRedis, terminate_backends

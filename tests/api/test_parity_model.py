@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
 from memory_core import ConversationContext, RedisConversationMemory, ThreadNotFound
-from memory_core.redis_client import make_redis
+from memory_core.io.redis_client import make_redis
 from tests.support.api import OWNER, Api, AsyncApi, SyncApi
 from tests.support.faults import FaultyRedis
 from tests.support.replay import Step, replay, step

@@ -28,9 +28,9 @@ from memory_core import (
     ThreadNotFound,
     TurnNotReady,
 )
-from memory_core.db import session_scope
 from memory_core.devservices.poll import wait_for
 from memory_core.devservices.workers import WorkerProcess
+from memory_core.io.db import session_scope
 from memory_core.models import ConversationThread
 from tests.support.api import OWNER, Api, memory_at, new_thread
 from tests.support.brokers import BROKERS

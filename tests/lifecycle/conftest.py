@@ -14,7 +14,7 @@ from memory_core import (
     RedisConversationMemory,
 )
 from memory_core.events.stream import routine_stream
-from memory_core.redis_client import make_redis
+from memory_core.io.redis_client import make_redis
 from memory_core.settings import get_settings, reset_settings_cache
 from tests.support.lifecycle import Events
 

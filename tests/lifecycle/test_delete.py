@@ -1,4 +1,4 @@
-"""Thread lifecycle (memory_core/lifecycle.py): archive, delete, forget an owner, retention.
+"""Thread lifecycle (memory_core/lifecycle/threads.py): archive, delete, forget an owner, retention.
 
 Against the session's Postgres and Redis (and the private Redis of tests/support/faults.py
 where Redis must fail): a deleted thread leaves a tombstone (id and time only), no row, no
@@ -25,13 +25,13 @@ from memory_core import (
     RedisConversationMemory,
     SaveOutcome,
 )
-from memory_core.context import Exchange
-from memory_core.db import get_engine
+from memory_core.copy.context import Exchange
 from memory_core.devservices.poll import wait_for
 from memory_core.events import (
     MEMORY_THREAD_DELETED,
 )
-from memory_core.lifecycle import (
+from memory_core.io.db import get_engine
+from memory_core.lifecycle.threads import (
     PurgeReport,
     archive_thread,
     delete_thread,

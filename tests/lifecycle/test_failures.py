@@ -12,14 +12,14 @@ from sqlalchemy import Engine, create_engine, text
 from memory_core import (
     RedisConversationMemory,
 )
-from memory_core.context import ConversationContext
-from memory_core.db import get_engine
+from memory_core.copy.context import ConversationContext
 from memory_core.devservices.ports import free_port
-from memory_core.lifecycle import (
+from memory_core.io.db import get_engine
+from memory_core.io.redis_client import make_redis
+from memory_core.lifecycle.threads import (
     DeleteFailed,
     delete_thread,
 )
-from memory_core.redis_client import make_redis
 from memory_core.settings import get_settings
 from tests.support.faults import FaultyRedis, engine_with_lock_timeout
 from tests.support.lifecycle import (

@@ -18,7 +18,7 @@ from memory_core.events import (
     MEMORY_RETENTION_RUN,
     MEMORY_THREAD_DELETED,
 )
-from memory_core.lifecycle import (
+from memory_core.lifecycle.threads import (
     PurgeReport,
     apply_retention,
     archive_thread,

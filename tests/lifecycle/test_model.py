@@ -22,7 +22,7 @@ from memory_core import (
     RedisConversationMemory,
     save_session_to_thread_safe,
 )
-from memory_core.lifecycle import (
+from memory_core.lifecycle.threads import (
     archive_thread,
     delete_thread,
     forget_owner,

@@ -17,10 +17,10 @@ import redis
 from sqlalchemy import text
 
 from memory_core import RedisConversationMemory
-from memory_core.db import get_engine
+from memory_core.copy.settings_check import fingerprint
 from memory_core.devservices.poll import wait_for
-from memory_core.lifecycle import delete_thread, forget_owner
-from memory_core.settings_check import fingerprint
+from memory_core.io.db import get_engine
+from memory_core.lifecycle.threads import delete_thread, forget_owner
 from tests.support.lifecycle import copy_keys, gone_key, new_thread, not_found, save, seqs
 
 

@@ -24,10 +24,10 @@ from memory_core import (
     render_conversation_context,
     save_session_to_thread_safe,
 )
-from memory_core.db import session_scope
 from memory_core.devservices.ports import free_port
+from memory_core.io.db import session_scope
+from memory_core.io.redis_client import make_redis
 from memory_core.models import ConversationThread, ThreadMessage
-from memory_core.redis_client import make_redis
 from tests.support import figures
 from tests.support.commands import run_module
 from tests.support.services import Stack

@@ -25,13 +25,13 @@ from hypothesis import strategies as st
 from sqlalchemy import func, select
 
 from memory_core import RedisConversationMemory, save_session_to_thread_safe
-from memory_core.db import session_scope
 from memory_core.devservices.poll import wait_for
 from memory_core.devservices.workers import WorkerProcess
 from memory_core.events import Event, EventConsumer
+from memory_core.io.db import session_scope
+from memory_core.io.queues import FINALIZE_QUEUE, is_amqp
+from memory_core.io.redis_client import make_redis
 from memory_core.models import ConversationThread, ThreadMessage
-from memory_core.queues import FINALIZE_QUEUE, is_amqp
-from memory_core.redis_client import make_redis
 from tests.support import figures
 from tests.support.bad_input import MIB, names_field, nested
 from tests.support.brokers import BROKERS, held, ready

@@ -27,11 +27,11 @@ from memory_core import (
     render_conversation_context,
     save_session_to_thread_safe,
 )
-from memory_core.artifacts import indent_block, one_line
-from memory_core.db import session_scope
 from memory_core.devservices.poll import wait_for
 from memory_core.devservices.workers import WorkerProcess
+from memory_core.io.db import session_scope
 from memory_core.models import ThreadMessage
+from memory_core.write.artifacts import indent_block, one_line
 from tests.support import figures
 from tests.support.bad_input import names_field
 from tests.support.commands import run_module

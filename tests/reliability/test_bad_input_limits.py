@@ -17,9 +17,9 @@ import pytest
 from celery import Celery
 
 from memory_core import RedisConversationMemory, save_session_to_thread_safe
-from memory_core.db import session_scope
 from memory_core.devservices.poll import wait_for
 from memory_core.devservices.workers import WorkerProcess
+from memory_core.io.db import session_scope
 from memory_core.models import ConversationThread, ThreadMessage
 from tests.support import figures
 from tests.support.bad_input import MIB, names_field, nested

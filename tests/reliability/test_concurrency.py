@@ -17,9 +17,9 @@ import pytest
 
 from memory_core import RedisConversationMemory, SaveOutcome, save_session_to_thread_safe
 from memory_core.devservices.fake_llm import FakeLLMServer
-from memory_core.folding import Folder, FoldOutcome
+from memory_core.fold.folding import Folder, FoldOutcome
+from memory_core.fold.summarizer import ConversationSummarizer
 from memory_core.settings import Settings
-from memory_core.summarizer import ConversationSummarizer
 from tests.support import figures
 from tests.support.services import Stack
 from tests.support.snapshots import make_snapshot

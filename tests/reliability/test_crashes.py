@@ -32,12 +32,12 @@ import pytest
 from sqlalchemy import select
 
 from memory_core import ConversationContext, RedisConversationMemory
-from memory_core.db import session_scope
 from memory_core.devservices.fake_llm import FakeLLMServer
 from memory_core.devservices.poll import wait_for
 from memory_core.devservices.workers import WorkerProcess
+from memory_core.io.db import session_scope
+from memory_core.io.queues import FINALIZE_QUEUE, is_amqp
 from memory_core.models import ThreadMessage
-from memory_core.queues import FINALIZE_QUEUE, is_amqp
 from tests.support import figures
 from tests.support.agents import JobLoad
 from tests.support.brokers import BROKERS, held, ready

@@ -1,6 +1,6 @@
 """Scenario: deleting a thread while work on it is in flight. Nothing comes back.
 
-`delete_thread` (memory_core/lifecycle.py, memory_core/purge.py) racing:
+`delete_thread` (memory_core/lifecycle/threads.py, memory_core/lifecycle/purge.py) racing:
 
 1. a finalize blocked on the thread's row lock behind the delete (in-process), and a stream
    of finalize jobs on a real worker while the delete runs (both brokers);
@@ -45,7 +45,6 @@ from memory_core import (
     list_threads,
     save_session_to_thread_safe,
 )
-from memory_core.db import get_engine, session_scope
 from memory_core.devservices.fake_llm import FakeLLMServer
 from memory_core.devservices.poll import wait_for
 from memory_core.devservices.workers import WorkerProcess
@@ -56,6 +55,8 @@ from memory_core.events import (
     MEMORY_THREAD_DELETED,
     routine_stream,
 )
+from memory_core.io.db import get_engine, session_scope
+from memory_core.io.queues import DEAD_LETTER_QUEUE, FINALIZE_QUEUE, FOLD_QUEUE, is_amqp
 from memory_core.langgraph import (
     checkpoint_runs,
     langgraph_available,
@@ -65,9 +66,8 @@ from memory_core.langgraph import (
     setup_checkpointer,
 )
 from memory_core.models import ConversationThread, ThreadMessage, ThreadTombstone
-from memory_core.queues import DEAD_LETTER_QUEUE, FINALIZE_QUEUE, FOLD_QUEUE, is_amqp
-from memory_core.session_handler import REASON_DELETED
 from memory_core.settings import get_settings, reset_settings_cache
+from memory_core.write.session_handler import REASON_DELETED
 from tests.support.brokers import BROKERS, DELAY_QUEUES, held, ready, scheduled
 from tests.support.commands import run_module
 from tests.support.faults import RowLock

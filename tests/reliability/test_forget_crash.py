@@ -30,10 +30,10 @@ import pytest
 from sqlalchemy import Connection, text
 
 from memory_core import RedisConversationMemory, save_session_to_thread_safe
-from memory_core.db import get_engine
 from memory_core.devservices.poll import wait_for
 from memory_core.events import MEMORY_OWNER_FORGOTTEN, MEMORY_THREAD_DELETED
-from memory_core.lifecycle import forget_owner
+from memory_core.io.db import get_engine
+from memory_core.lifecycle.threads import forget_owner
 from memory_core.settings import get_settings
 from tests.support import REPO
 from tests.support.lifecycle import thread_states

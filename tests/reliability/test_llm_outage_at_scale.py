@@ -21,13 +21,13 @@ from collections.abc import Callable
 import pytest
 from sqlalchemy import func, select, text
 
-from memory_core.db import session_scope
 from memory_core.devservices.fake_llm import FakeLLMServer
 from memory_core.devservices.poll import wait_for
 from memory_core.devservices.workers import WorkerProcess
-from memory_core.fold_publisher import FOLD_QUEUE, publish_fold
+from memory_core.fold.publisher import FOLD_QUEUE, publish_fold
+from memory_core.io.db import session_scope
+from memory_core.io.queues import is_amqp
 from memory_core.models import ConversationThread
-from memory_core.queues import is_amqp
 from tests.support import figures
 from tests.support.brokers import BROKERS, delayed, held, scheduled
 

@@ -22,7 +22,7 @@ from memory_core.devservices.fake_llm import FakeLLMServer
 from memory_core.devservices.poll import wait_for
 from memory_core.devservices.workers import WorkerProcess
 from memory_core.events import emit_event
-from memory_core.queues import is_amqp
+from memory_core.io.queues import is_amqp
 from tests.support import figures
 from tests.support.agents import InProcessAgent, JobLoad
 from tests.support.brokers import BROKERS

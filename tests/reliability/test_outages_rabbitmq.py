@@ -19,7 +19,7 @@ from memory_core.devservices.fake_llm import FakeLLMServer
 from memory_core.devservices.poll import wait_for
 from memory_core.devservices.rabbitmq import PrivateRabbitMQ
 from memory_core.devservices.workers import WorkerProcess
-from memory_core.fold_publisher import reset_publishers
+from memory_core.fold.publisher import reset_publishers
 from memory_core.settings import reset_settings_cache
 from tests.support import figures
 from tests.support.agents import JobLoad

@@ -21,8 +21,8 @@ from memory_core.devservices.poll import wait_for
 from memory_core.devservices.ports import free_port
 from memory_core.devservices.workers import WorkerProcess
 from memory_core.events import EventConsumer
+from memory_core.io.redis_client import make_redis
 from memory_core.models import ConversationThread
-from memory_core.redis_client import make_redis
 from tests.support import figures
 from tests.support.fake_langfuse import HangingServer
 from tests.support.services import Stack

@@ -26,7 +26,7 @@ from memory_core import (
     enqueue_turn,
     save_session_to_thread_safe,
 )
-from memory_core.redis_client import make_redis
+from memory_core.io.redis_client import make_redis
 from memory_core.settings import Settings, get_settings
 
 T = TypeVar("T")

@@ -16,7 +16,7 @@ from celery import Celery
 from kombu import Connection
 
 from memory_core.devservices.rabbitmq import purge_queues
-from memory_core.queues import FINALIZE_QUEUE, FOLD_QUEUE, is_amqp
+from memory_core.io.queues import FINALIZE_QUEUE, FOLD_QUEUE, is_amqp
 
 BROKERS = ["redis", "rabbitmq"]  # indirect parametrization of the `broker` fixture
 RABBITMQCTL = shutil.which("rabbitmqctl") or "/usr/sbin/rabbitmqctl"

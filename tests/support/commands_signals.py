@@ -20,7 +20,7 @@ from pathlib import Path
 from celery import Celery
 
 from memory_core.devservices.system import alive
-from memory_core.queues import FINALIZE_QUEUE, FINALIZE_TASK, publish_options, task_queues
+from memory_core.io.queues import FINALIZE_QUEUE, FINALIZE_TASK, publish_options, task_queues
 from tests.support import REPO
 
 TAG = "AGENT_MEMORY_TEST_TAG"

@@ -17,7 +17,7 @@ from pathlib import Path
 from sqlalchemy import create_engine
 
 from memory_core.conversation_memory import RedisConversationMemory
-from memory_core.lifecycle import PurgeReport, forget_owner
+from memory_core.lifecycle.threads import PurgeReport, forget_owner
 from memory_core.settings import get_settings
 
 

@@ -19,8 +19,8 @@ from celery import Task
 from celery.exceptions import Reject, Retry
 
 from memory_core.devservices.ports import free_port
-from memory_core.fold_publisher import FINALIZE_QUEUE, FOLD_QUEUE
-from memory_core.redis_client import get_redis
+from memory_core.fold.publisher import FINALIZE_QUEUE, FOLD_QUEUE
+from memory_core.io.redis_client import get_redis
 from memory_core.settings import reset_settings_cache
 from tests.support.snapshots import make_snapshot
 from workers import tasks

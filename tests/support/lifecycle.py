@@ -16,7 +16,7 @@ from memory_core import (
     ThreadNotFound,
     save_session_to_thread_safe,
 )
-from memory_core.db import get_engine
+from memory_core.io.db import get_engine
 from tests.support.snapshots import make_snapshot
 
 STRANGER = "mallory"

@@ -18,7 +18,7 @@ import warnings
 from sqlalchemy import text
 
 from memory_core import RedisConversationMemory, save_session_to_thread_safe
-from memory_core.db import get_engine
+from memory_core.io.db import get_engine
 from tests.support.snapshots import make_snapshot
 
 QUERY = text(

@@ -29,16 +29,16 @@ from memory_core import (
     render_conversation_context,
     save_session_to_thread_safe,
 )
-from memory_core.db import session_scope
+from memory_core.copy.views import FOCUSES, render_exchange
 from memory_core.devservices.fake_llm import FakeLLMServer
-from memory_core.folding import Folder
+from memory_core.fold.folding import Folder
+from memory_core.fold.summarizer import ConversationSummarizer
+from memory_core.fold.summary_tail import stored_summary_bound
+from memory_core.io.db import session_scope
+from memory_core.io.redis_client import make_redis
 from memory_core.models import ConversationThread, ThreadMessage
-from memory_core.redis_client import make_redis
 from memory_core.settings import Settings
-from memory_core.summarizer import ConversationSummarizer
-from memory_core.summary_tail import stored_summary_bound
 from memory_core.tokens import count_tokens
-from memory_core.views import FOCUSES, render_exchange
 from tests.support.faults import (
     FaultyRedis,
     RowLock,

@@ -11,7 +11,7 @@ from typing import Any
 from kombu import Connection, Exchange, Producer
 
 from memory_core.devservices.workers import QUEUES
-from memory_core.queues import EXCHANGE, is_amqp
+from memory_core.io.queues import EXCHANGE, is_amqp
 from memory_core.settings import get_settings
 
 

@@ -31,13 +31,13 @@ from redis import Redis
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from memory_core.db import reset_engines
 from memory_core.devservices import DevServices, ensure_services, pg_connect_kwargs
 from memory_core.devservices.poll import wait_for
 from memory_core.devservices.ports import free_port
 from memory_core.devservices.postgres import PrivateCluster, pg_binaries, server_options
 from memory_core.devservices.redis_server import redis_binary
 from memory_core.devservices.system import run_as_user
+from memory_core.io.db import reset_engines
 from memory_core.settings import get_settings, reset_settings_cache
 from tests.support import REPO
 

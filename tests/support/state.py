@@ -13,10 +13,10 @@ import redis
 from sqlalchemy import func, select, update
 
 from memory_core.conversation_memory import RedisConversationMemory
-from memory_core.db import session_scope
 from memory_core.devservices.poll import wait_for
 from memory_core.events import Event, EventConsumer
-from memory_core.fold_publisher import FINALIZE_QUEUE, FINALIZE_TASK, FOLD_QUEUE, FOLD_TASK
+from memory_core.fold.publisher import FINALIZE_QUEUE, FINALIZE_TASK, FOLD_QUEUE, FOLD_TASK
+from memory_core.io.db import session_scope
 from memory_core.models import ConversationThread, ThreadMessage
 
 # ------------------------------------------------------------------ Postgres

@@ -8,7 +8,7 @@ from typing import Any
 
 from celery import Celery
 
-from memory_core.queues import (
+from memory_core.io.queues import (
     EXCHANGE,
     FINALIZE_QUEUE,
     FINALIZE_TASK,

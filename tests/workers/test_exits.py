@@ -17,10 +17,10 @@ import pytest
 import redis
 from celery import Celery
 
-from memory_core.db import session_scope
 from memory_core.devservices.fake_llm import FakeLLMServer
 from memory_core.devservices.poll import wait_for
 from memory_core.devservices.workers import WorkerProcess
+from memory_core.io.db import session_scope
 from memory_core.models import ConversationThread
 from memory_core.settings import get_settings
 from tests.support.commands import run_module

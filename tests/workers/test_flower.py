@@ -22,7 +22,7 @@ from kombu import Connection
 from memory_core.devservices.poll import wait_for
 from memory_core.devservices.ports import free_port
 from memory_core.devservices.rabbitmq import PrivateRabbitMQ
-from memory_core.queues import FINALIZE_QUEUE, FOLD_QUEUE, task_queues
+from memory_core.io.queues import FINALIZE_QUEUE, FOLD_QUEUE, task_queues
 from memory_core.settings import get_settings
 from tests.support import REPO
 from tests.support.commands import run_module

@@ -15,11 +15,11 @@ from celery import Celery
 from sqlalchemy import update
 
 from memory_core import RedisConversationMemory, save_session_to_thread_safe
-from memory_core.db import session_scope
 from memory_core.devservices.poll import wait_for
 from memory_core.devservices.workers import WorkerProcess
+from memory_core.io.db import session_scope
+from memory_core.io.queues import FOLD_QUEUE, SWEEP_FOLDS_TASK
 from memory_core.models import ConversationThread
-from memory_core.queues import FOLD_QUEUE, SWEEP_FOLDS_TASK
 from memory_core.settings import Settings
 from tests.support.brokers import BROKERS, held, ready
 from tests.support.snapshots import make_snapshot

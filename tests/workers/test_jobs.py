@@ -15,7 +15,7 @@ from memory_core.devservices.fake_llm import FakeLLMServer
 from memory_core.devservices.poll import wait_for
 from memory_core.devservices.workers import WorkerProcess
 from memory_core.events import routine_stream
-from memory_core.queues import FINALIZE_QUEUE, FOLD_QUEUE, is_amqp
+from memory_core.io.queues import FINALIZE_QUEUE, FOLD_QUEUE, is_amqp
 from tests.support.brokers import BROKERS, delayed, held, ready, scheduled
 from tests.support.snapshots import make_snapshot
 from tests.support.state import drain_events, stored_seqs, thread_row

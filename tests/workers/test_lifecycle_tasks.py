@@ -28,13 +28,12 @@ from celery.schedules import crontab, maybe_schedule, schedule
 from sqlalchemy import func, select, update
 
 from memory_core import RedisConversationMemory
-from memory_core.db import session_scope
 from memory_core.devservices.poll import wait_for
 from memory_core.devservices.workers import WorkerProcess
 from memory_core.events import MEMORY_OWNER_FORGOTTEN, MEMORY_RETENTION_RUN, MEMORY_THREAD_DELETED
-from memory_core.fold_publisher import WORKER_APP
-from memory_core.models import ConversationThread
-from memory_core.queues import (
+from memory_core.fold.publisher import WORKER_APP
+from memory_core.io.db import session_scope
+from memory_core.io.queues import (
     DEAD_LETTER_QUEUE,
     FINALIZE_QUEUE,
     FOLD_QUEUE,
@@ -44,7 +43,8 @@ from memory_core.queues import (
     SWEEP_FOLDS_TASK,
     is_amqp,
 )
-from memory_core.session_handler import save_session_to_thread_safe
+from memory_core.models import ConversationThread
+from memory_core.write.session_handler import save_session_to_thread_safe
 from tests.support.brokers import BROKERS, delayed, held, ready
 from tests.support.snapshots import make_snapshot
 from tests.support.state import drain_events, freshen_other_fold_requests, thread_rows
@@ -111,7 +111,7 @@ def thread_keys(client: redis.Redis, tid: uuid.UUID) -> set[str]:
 
 
 def copy_keys(memory: RedisConversationMemory, tid: uuid.UUID) -> set[str]:
-    """The working copy's keys (meta, turns), as memory_core/working_copy.py names them."""
+    """The working copy's keys (meta, turns), as memory_core/copy/working_copy.py names them."""
     tag = f"{memory.settings.memory_key_prefix}:{{{tid}}}"
     return {f"{tag}:meta", f"{tag}:turns"}
 

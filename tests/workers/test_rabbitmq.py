@@ -22,15 +22,15 @@ from memory_core.devservices.poll import wait_for
 from memory_core.devservices.rabbitmq import drop_vhost
 from memory_core.devservices.rabbitmq import test_vhost as create_vhost
 from memory_core.devservices.workers import WorkerExited, WorkerProcess
-from memory_core.fold_publisher import publish_fold, reset_publishers
-from memory_core.metrics import FOLD_PUBLISH_FAILURES
-from memory_core.queues import (
+from memory_core.fold.publisher import publish_fold, reset_publishers
+from memory_core.io.queues import (
     DEAD_LETTER_QUEUE,
     EXCHANGE,
     FINALIZE_QUEUE,
     FOLD_QUEUE,
     FOLD_TASK,
 )
+from memory_core.metrics import FOLD_PUBLISH_FAILURES
 from memory_core.settings import Settings
 from tests.support.brokers import RABBITMQCTL, ready, vhost_of
 from tests.support.snapshots import make_snapshot

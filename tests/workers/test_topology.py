@@ -11,7 +11,7 @@ from celery import Celery
 
 from memory_core.devservices.poll import wait_for
 from memory_core.devservices.workers import WorkerProcess
-from memory_core.queues import FINALIZE_QUEUE, FOLD_QUEUE, task_queues
+from memory_core.io.queues import FINALIZE_QUEUE, FOLD_QUEUE, task_queues
 from tests.support.brokers import ready
 from tests.support.snapshots import make_snapshot
 from tests.support.state import stored_seqs

@@ -1,0 +1,7 @@
+"""Standing instructions: what the user set up for the rest of the thread, found without an LLM.
+
+- `detect.py`: finding an instruction in a turn's words, and its subject.
+- `patterns.py`: the vocabulary (cues, verbs, categories) as plain regular expressions.
+- `sql_conditions.py`: the WHERE conditions the thread's queries applied.
+- `standing.py`: the instructions in force while a fold reads its turns, one per subject.
+"""
