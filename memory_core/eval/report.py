@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from memory_core.copy.views import Focus
 from memory_core.eval.corpus import Conversation
 from memory_core.eval.scoring import ViewScore, probe_matches
-from memory_core.views import Focus
 
 FOCI: tuple[Focus, ...] = ("brief", "sql")
 AGGREGATES = (("tuning", "tuning"), ("holdout", "held-out"), ("overall", "overall"))  # key, label

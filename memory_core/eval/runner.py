@@ -28,16 +28,16 @@ from sqlalchemy import text
 
 from memory_core.cli.demo import Demo, DemoError
 from memory_core.cli.demo_script import OWNER
-from memory_core.context import ConversationContext
+from memory_core.copy.context import ConversationContext
+from memory_core.copy.views import DEFAULT_MAX_TOKENS, render_conversation_context
 from memory_core.eval.corpus import Conversation
 from memory_core.eval.report import FOCI, aggregates, conversation_row
 from memory_core.eval.scoring import score_view
 from memory_core.events import MEMORY_SUMMARIZATION_FAILED as FOLD_FAILED
 from memory_core.events import MEMORY_SUMMARIZED as FOLDED
 from memory_core.events import Event, routine_stream
-from memory_core.summary_tail import stored_summary_bound, strip_artifact_tail
+from memory_core.fold.summary_tail import stored_summary_bound, strip_artifact_tail
 from memory_core.tokens import count_tokens
-from memory_core.views import DEFAULT_MAX_TOKENS, render_conversation_context
 
 THREADS = """SELECT id, last_seq, summary, summary_through_seq, summary_prompt,
        fold_due_at IS NULL AND fold_lease_token IS NULL AS settled
