@@ -153,7 +153,7 @@ class RedisConversationMemory(MemoryClients):
 
         `wait_for` (an enqueued turn's `SaveOutcome`, or its session id): include that turn,
         waiting up to `wait_s` (MEMORY_READ_WAIT_S) for a worker to save it; then
-        `on_timeout` says what happens (read_wait.py: `TurnNotReady`, or a flagged context).
+        `on_timeout` says what happens (copy/read_wait.py: `TurnNotReady`, or a flagged context).
         """
         return run_sync(
             self._steps(thread_id, owner_id, wait_for, wait_s, on_timeout), self.sync_io()

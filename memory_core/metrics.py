@@ -53,7 +53,8 @@ EVENTS_LOST = Counter(
 )
 SETTINGS_DISAGREEMENTS = Gauge(
     "memory_settings_disagreements",
-    "Other memory settings fingerprints recorded in the last two hours (settings_check.py)",
+    "Other memory settings fingerprints recorded in the last two hours"
+    " (memory_core/copy/settings_check.py)",
     multiprocess_mode="max",
 )
 PROMPT_REFUSED = Counter(

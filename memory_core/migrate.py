@@ -50,7 +50,7 @@ def migration_lock(database_url: str | None = None) -> Iterator[None]:
         finally:
             _held.depth -= 1
         return
-    from memory_core.settings import get_settings  # noqa: PLC0415 - env.py's own import order
+    from memory_core.settings import get_settings  # noqa: PLC0415 - migrations/env.py import order
 
     engine = create_engine(
         database_url or get_settings().database_url,

@@ -186,7 +186,8 @@ class PendingTracePurge(Base):
 
 
 class MemorySettingsSeen(Base):
-    """Memory settings fingerprints recently used by some process (settings_check.py)."""
+    """Memory settings fingerprints recently used by some process
+    (memory_core/copy/settings_check.py)."""
 
     __tablename__ = "memory_settings_seen"
 

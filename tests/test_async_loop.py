@@ -326,8 +326,8 @@ def test_service_bounds_its_connections_and_closes_them_at_shutdown(proxies: Pro
 
     async def scenario() -> tuple[list[Answer], list[Answer], dict[str, int]]:
         async with app:
-            # The blocking engine's settings fingerprint (settings_check.py) is the only
-            # blocking connection; counted apart from the service's asyncio ones.
+            # The blocking engine's settings fingerprint (memory_core/copy/settings_check.py) is the
+            # only blocking connection; counted apart from the service's asyncio ones.
             await asyncio.to_thread(join_settings_checks)
             answers = list(await asyncio.gather(*(_post(app, s) for s in burst)))
             later: list[Answer] = []

@@ -202,7 +202,8 @@ def test_a_call_cancelled_at_any_await_loses_no_turn_and_returns_every_connectio
 # -- a Redis that never answers ---------------------------------------------------------------
 
 SOCKET_TIMEOUT_S = 0.5  # the clients' socket timeout here (production: 2 s)
-TRIES = 1  # a timed-out command is not tried again (redis_client.py, aio.py)
+# A timed-out command is not tried again (memory_core/io/redis_client.py, memory_core/io/aio.py).
+TRIES = 1
 REDIS_CALLS = 2  # at most two Redis round trips fail per call: drop copies behind, then its own
 SLACK_S = 0.75  # Postgres round trips and scheduling on a shared 2-core machine
 BOUND_S = REDIS_CALLS * TRIES * SOCKET_TIMEOUT_S + SLACK_S

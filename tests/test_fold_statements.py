@@ -1,5 +1,6 @@
-"""A fold's lease and compare-and-set as single autocommitted statements (fold_statements.py),
-on real Postgres: each against the rule it implements, for any row state (hypothesis)."""
+"""A fold's lease and compare-and-set as single autocommitted statements
+(memory_core/fold/statements.py), on real Postgres: each against the rule it implements, for any row
+state (hypothesis)."""
 
 from __future__ import annotations
 
@@ -96,7 +97,7 @@ def test_store_statement_follows_the_fold_arithmetic(case: tuple[Any, ...]) -> N
     """Under our lease with the cursor unmoved, the summary is stored, the counter loses the
     folded sizes (trigger on) or is kept (off), and a fold is due again exactly when the
     thread is still over the turn threshold or the token trigger with at least 2 unfolded
-    turns: ARCHITECTURE.md "Fold arithmetic"."""
+    turns: docs/ARCHITECTURE.md "Fold arithmetic"."""
     _, (last, upto), tokens, folded, threshold, trigger = case
     rows, tid = _store(case)
     row = _row(tid)

@@ -117,8 +117,8 @@ def test_no_import_circle_in_the_library_or_the_workers() -> None:
 
 
 def test_the_graph_counts_lazy_and_type_checking_imports(tmp_path: Path) -> None:
-    """copy/settings_check.py once imported conversation_memory.py under TYPE_CHECKING, which
-    imports it back: a circle the graph must see."""
+    """memory_core/copy/settings_check.py once imported memory_core/conversation_memory.py
+    under TYPE_CHECKING, which imports it back: a circle the graph must see."""
     source = tmp_path / "m.py"
     source.write_text(
         "from typing import TYPE_CHECKING\n"

@@ -5,8 +5,8 @@ the delivery info of its queue), against the real Postgres, Redis and broker: no
 no eager mode. A retry is a `Retry` *and* the job back on its broker queue with its countdown;
 a reject says whether the job goes back to the queue. The exits of `memory.fold_thread` are in
 test_task_branches_fold.py, which shares the helpers here. The same exits through real worker
-subprocesses stay in tests/workers/ (test_exits.py, test_jobs.py); docs/RELIABILITY.md, "Every
-exit of a job", lists them.
+subprocesses stay in tests/workers/test_exits.py and tests/workers/test_jobs.py;
+docs/RELIABILITY.md, "Every exit of a job", lists them.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Helpers and the exits both tasks share (wrong arguments, an error in the task's 
 retry the broker cannot take) are in test_task_branches.py. The fold's LLM is either none
 (the LLM-free fold) or an OpenAI base URL on a closed port: connection refused, a retryable
 LLM failure. On real workers: tests/workers/test_jobs.py (folds, fold failures, malformed fold
-jobs) and test_exits.py (a worker that cannot write).
+jobs) and tests/workers/test_exits.py (a worker that cannot write).
 """
 
 from __future__ import annotations

@@ -243,9 +243,10 @@ class Channel(kombu_redis.Channel):
     # Acks after a lost connection. Celery collects a broken connection (the transport's
     # client becomes None) and reconnects, but a task that finished meanwhile still acks or
     # rejects through its old channel; kombu then raised AttributeError out of the event loop,
-    # an "Unrecoverable error" that killed the worker (found by tests/reliability/
-    # test_outages.py, Redis restart under load). The message is still in `unacked`, so it
-    # is redelivered after the visibility timeout; finalize and fold are idempotent.
+    # an "Unrecoverable error" that killed the worker (found by
+    # tests/reliability/test_outages.py, Redis restart under load). The message is still in
+    # `unacked`, so it is redelivered after the visibility timeout; finalize and fold are
+    # idempotent.
     def _collected(self) -> bool:
         return getattr(self.connection, "client", None) is None
 

@@ -28,12 +28,12 @@ from sqlalchemy.engine import make_url
 from examples.analytics_agent.dataset import SCHEMA, ensure_dataset
 from examples.analytics_agent.runner import PAUSED, Mode
 from memory_core import RedisConversationMemory
-from memory_core.io.db import get_engine
 from memory_core.devservices import DevServices, ensure_services
 from memory_core.devservices.poll import WaitTimeout, wait_for
+from memory_core.io.db import get_engine
+from memory_core.io.redis_client import make_redis
 from memory_core.langgraph import CHECKPOINT_SCHEMA, FinalizeMode, setup_checkpointer
 from memory_core.migrate import upgrade
-from memory_core.io.redis_client import make_redis
 from memory_core.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]

@@ -271,7 +271,7 @@ class _Bench:
 
     def floor(self, tid: uuid.UUID) -> Pair:
         """A plain GET plus building the context's objects from its JSON without validation
-        (bench/floor.py): the least any first read can cost, beside the same GET."""
+        (floor.py): the least any first read can cost, beside the same GET."""
         ctx = self.memory.get_context(tid, self.owner)
         doc = ctx.model_dump_json().encode()
         if materialize(doc) != ctx:

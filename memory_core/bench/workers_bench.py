@@ -163,8 +163,9 @@ class WorkersBench:
         finally:
             self.llm.stop()
             self._sql("DELETE FROM conversation_threads WHERE owner_id = %s", [self.owner])
-            # The settings fingerprint this run's key prefix left (settings_check.py): another
-            # process would warn about it for two hours.
+            # The settings fingerprint this run's key prefix left
+            # (memory_core/copy/settings_check.py): another process would warn about it for two
+            # hours.
             prefix = f"key_prefix={self.settings.memory_key_prefix} "
             self._sql(
                 "DELETE FROM memory_settings_seen WHERE starts_with(fingerprint, %s)", [prefix]

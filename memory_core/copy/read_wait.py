@@ -48,7 +48,7 @@ class HasSessionId(Protocol):
 
 class ReadsThreads(Protocol):
     """What waiting needs of a `RedisConversationMemory`: its copy's channels and its reads, as
-    steps. A protocol, so this module sits below conversation_memory.py."""
+    steps. A protocol, so this module sits below memory_core/conversation_memory.py."""
 
     copy: WorkingCopy
 

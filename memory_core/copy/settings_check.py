@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 class MemorySettings(Protocol):
     """The settings of a `RedisConversationMemory` that its fingerprint covers. A protocol, so
-    this module sits below conversation_memory.py instead of importing it back."""
+    this module sits below memory_core/conversation_memory.py instead of importing it back."""
 
     engine: Engine
     key_prefix: str

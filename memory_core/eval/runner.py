@@ -1,6 +1,6 @@
 """Play the fidelity corpus through a real worker, then score the views after the last fold.
 
-The run is `agent-memory demo`'s machinery (cli/demo.py `Demo`): the configured
+The run is `agent-memory demo`'s machinery (memory_core/cli/demo.py `Demo`): the configured
 DATABASE_URL / REDIS_URL / CELERY_BROKER_URL (or private servers when they do not answer), an
 Alembic upgrade, a Celery worker subprocess, and every turn sent by name as a
 `memory.finalize_turn` job from a separate producer app. The worker runs with the configured

@@ -1,15 +1,15 @@
 """Standing instructions carried across an LLM fold by code, not trusted to the model.
 
-After the LLM writes a new summary, the instructions in force are computed without it: those
-of the previous summary's `Standing instructions:` section plus those the folded turns set
-(instructions.py), newest wording per key winning. Every one of them must be in the new
-summary's instructions section, under the same key or in other words (its content words in
-the section's lines): the next fold reads instructions back from that section only, so one the
-model mentioned only in prose would be lost a fold later. What code knows wins over the
-model's words, both ways (standing.InForce): a line that still says what the folded turns superseded
-(in their words or its own), or that contradicts an instruction in force, is taken out, and
-what it displaced is put back. Both are counted (`memory_fold_instructions_total{action}`,
-fields of the `memory_summarized` event).
+After the LLM writes a new summary, the instructions in force are computed without it: those of the
+previous summary's `Standing instructions:` section plus those the folded turns set
+(memory_core/instructions/detect.py), newest wording per key winning. Every one of them must be in
+the new summary's instructions section, under the same key or in other words (its content words in
+the section's lines): the next fold reads instructions back from that section only, so one the model
+mentioned only in prose would be lost a fold later. What code knows wins over the model's words,
+both ways (standing.InForce): a line that still says what the folded turns superseded (in their
+words or its own), or that contradicts an instruction in force, is taken out, and what it displaced
+is put back. Both are counted (`memory_fold_instructions_total{action}`, fields of the
+`memory_summarized` event).
 
 When anything changed, the section is rebuilt at the top and the rest follows, cut to the
 summary's bound at line ends: restored instructions survive the bound whatever order the model

@@ -8,7 +8,7 @@ a backlog beyond that is folded by follow-up folds.
 
 Token trigger T (`fold_token_trigger`, 6000; 0 = off: the above is all): else, when at least 2
 unfolded turns have estimated sizes summing to more than T, fold all but the newest turns that
-sum to at most T // 2 (the newest always stays); one turn alone is never due (fold_tokens.py).
+sum to at most T // 2 (the newest always stays); one turn alone is never due (tokens.py).
 
 Concurrency (guarantee 5, docs/ARCHITECTURE.md): a lease on the thread row
 (fold_lease_token/until) makes folds single-flight without holding a row lock during the LLM

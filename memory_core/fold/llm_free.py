@@ -5,9 +5,9 @@ are unusable (folding.py): it never calls out, so a fold always completes. Secti
 order a view shows them (a view cuts a summary from its end, so what matters most comes first):
 
 - `Standing instructions:` filters, definitions, scopes and conventions the user set
-  (instructions.py), one per key, newest wording winning; a superseded one is gone, and so
-  are the SQL conditions and built queries it revoked. WHERE conditions that queries applied
-  more than once join them (`Applied in SQL: ...`).
+  (memory_core/instructions/detect.py), one per key, newest wording winning; a superseded one is
+  gone, and so are the SQL conditions and built queries it revoked. WHERE conditions that queries
+  applied more than once join them (`Applied in SQL: ...`).
 - `Earlier context:` free text read back from an earlier LLM summary.
 - `Goals:` and `Built:` one line per turn / artifact.
 - `Query filters:` WHERE conditions seen in one query so far (promoted when seen again).

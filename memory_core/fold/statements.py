@@ -1,4 +1,5 @@
-"""A fold's two writes as prebuilt single statements, sent on the fast path (fast_write.py).
+"""A fold's two writes as prebuilt single statements, sent on the fast path
+(memory_core/io/fast_write.py).
 
 Taking the lease and storing the summary (the compare-and-set) are each one UPDATE that is
 atomic by itself, so each commits on its own (autocommit): one round trip, no BEGIN/COMMIT,

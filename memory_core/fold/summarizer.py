@@ -3,7 +3,7 @@
 One chat-completions call per fold (prompt from Langfuse or built in, traced to Langfuse as a
 generation); the answer is validated before it may replace a summary. Every failure is a
 `SummarizationError`; retrying is the caller's (Celery's) job. Without an LLM, or when it
-keeps failing, the fold uses llm_free_fold.py instead.
+keeps failing, the fold uses llm_free.py instead.
 """
 
 from __future__ import annotations

@@ -6,10 +6,10 @@ descriptors one-lined. SQL can be long (20 statements of 50 000 characters per t
 tail has a budget: `MEMORY_SUMMARY_MAX_TOKENS // 2` tokens, newest lines first, a statement
 that does not fit is cut with `[... SQL truncated]`.
 
-The bound of a stored summary is therefore `stored_summary_bound(S)` =
-S + S // 2 + the marker line, with S = `MEMORY_SUMMARY_MAX_TOKENS` (a longer LLM text is a
-failed fold; the LLM-free text stays under min(S, 500)). With the default S = 1 500 that is
-at most 2 268 tokens; views additionally keep room for the newest exchange (views.py).
+The bound of a stored summary is therefore `stored_summary_bound(S)` = S + S // 2 + the marker line,
+with S = `MEMORY_SUMMARY_MAX_TOKENS` (a longer LLM text is a failed fold; the LLM-free text stays
+under min(S, 500)). With the default S = 1 500 that is at most 2 268 tokens; views additionally keep
+room for the newest exchange (memory_core/copy/views.py).
 """
 
 from __future__ import annotations

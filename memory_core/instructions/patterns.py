@@ -1,4 +1,4 @@
-"""The vocabulary of standing instructions (instructions.py): cues, verbs and categories.
+"""The vocabulary of standing instructions (detect.py): cues, verbs and categories.
 
 Plain regular expressions, kept apart from the logic that uses them. They recognise how analysts
 phrase a lasting instruction (a cue such as "from now on", an imperative verb, a definition) and

@@ -6,7 +6,8 @@ speaks about; a WHERE condition applied by two queries becomes standing (seen on
 `seen`); a standing condition that the fold's latest two queries on its table no longer apply
 has been dropped by the agent, and goes too.
 
-`InForce` judges the lines an LLM wrote against what this computed (carry_forward.py).
+`InForce` judges the lines an LLM wrote against what this computed
+(memory_core/fold/carry_forward.py).
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ DEAD_LETTER_EXCHANGE = "memory.dead"
 DEAD_LETTER_QUEUE = "memory.dead"
 # Deliveries after which RabbitMQ dead-letters a job by itself. Part of the queues' arguments:
 # changing it means recreating the queues, so it is a constant, above MEMORY_MAX_DELIVERIES'
-# range (settings.py), so the tasks always get to dead-letter (with an event) first.
+# range (memory_core/settings.py), so the tasks always get to dead-letter (with an event) first.
 BROKER_DELIVERY_LIMIT = 20
 AMQP_SCHEMES = frozenset({"amqp", "amqps", "pyamqp"})
 

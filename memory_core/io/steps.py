@@ -1,13 +1,13 @@
 """The memory's I/O as data: the steps its logic yields.
 
-The read, save and wait logic (conversation_memory.py, write/session_handler.py,
-copy/read_wait.py) is written once, as generators: each I/O is a step the logic yields (run this
-statement, call this Redis script, ...); a driver performs it and sends the result back, or
-throws the step's exception in at the `yield`, where the logic's own `try`/`except` handles it
-exactly as it would a direct call. `run_sync` (sync_driver.py) performs the steps with the
-blocking clients (psycopg2 via SQLAlchemy, redis-py), `run_async` (async_driver.py) with the
-asyncio ones (SQLAlchemy's asyncio extension on psycopg 3, redis.asyncio): same statements, same
-scripts, same outcomes and errors.
+The read, save and wait logic (memory_core/conversation_memory.py,
+memory_core/write/session_handler.py, memory_core/copy/read_wait.py) is written once, as generators:
+each I/O is a step the logic yields (run this statement, call this Redis script, ...); a driver
+performs it and sends the result back, or throws the step's exception in at the `yield`, where the
+logic's own `try`/`except` handles it exactly as it would a direct call. `run_sync` (sync_driver.py)
+performs the steps with the blocking clients (psycopg2 via SQLAlchemy, redis-py), `run_async`
+(async_driver.py) with the asyncio ones (SQLAlchemy's asyncio extension on psycopg 3,
+redis.asyncio): same statements, same scripts, same outcomes and errors.
 
 A driver owns at most one Postgres connection at a time (a transaction between `Begin` and
 `Commit`/`Rollback`) and one pub/sub subscription, and releases both whatever happens — the

@@ -1,8 +1,8 @@
 """The finalize's claim: one upsert that creates the thread or bumps its seq, under its row lock.
 
-It also counts the turn's estimated tokens (the fold token trigger, fold_tokens.py) and marks a
-fold as requested when this turn takes the thread over the turn threshold or the token trigger
-and no fold is pending (or the pending one is overdue: its message was lost).
+It also counts the turn's estimated tokens (the fold token trigger, memory_core/fold/tokens.py) and
+marks a fold as requested when this turn takes the thread over the turn threshold or the token
+trigger and no fold is pending (or the pending one is overdue: its message was lost).
 """
 
 from __future__ import annotations

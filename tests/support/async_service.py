@@ -85,8 +85,9 @@ def check_answers(answers: list[Answer], stored: dict[uuid.UUID, list[tuple[int,
 
 
 def join_settings_checks() -> None:
-    """Wait for the settings fingerprint threads every new memory starts (settings_check.py):
-    a blocking connection of theirs must not be counted as the service's."""
+    """Wait for the settings fingerprint threads every new memory starts
+    (memory_core/copy/settings_check.py): a blocking connection of theirs must not be counted as
+    the service's."""
     for thread in threading.enumerate():
         if thread.name == "memory-settings":
             thread.join(30)

@@ -1,4 +1,5 @@
-"""`forget_owner` in a process of its own, for a test to kill (reliability/test_forget_crash.py).
+"""`forget_owner` in a process of its own, for a test to kill
+(tests/reliability/test_forget_crash.py).
 
     python -m tests.support.forget_process OWNER BATCH_SIZE PROGRESS_FILE APPLICATION_NAME
 
