@@ -212,29 +212,7 @@ def make_app() -> Celery:
             FINALIZE_TASK: {"queue": FINALIZE_QUEUE},
             **{t: {"queue": FOLD_QUEUE} for t in (FOLD_TASK, *LIFECYCLE_TASKS)},
         },
-        # `celery -A workers.app beat` (one per deployment): retention hourly (a no-op unless
-        # MEMORY_RETENTION_DAYS is set), Langfuse trace purges of deleted threads every 5 min.
-        # Retention at a fixed minute (MEMORY_RETENTION_MINUTE, 17): beat's schedule file is
-        # lost when its pod is replaced, and an interval would restart its hour each time. A
-        # run not taken before the next one is sent expires (no pile-up while the fold workers
-        # are down or backed up).
-        beat_schedule={
-            "memory-retention": {
-                "task": RETENTION_TASK,
-                "schedule": crontab(minute=s.memory_retention_minute),
-                "options": {"expires": 3600},
-            },
-            "memory-trace-purges": {
-                "task": PURGE_TRACES_TASK,
-                "schedule": 300.0,
-                "options": {"expires": 300},
-            },
-            "memory-fold-sweep": {
-                "task": SWEEP_FOLDS_TASK,
-                "schedule": FOLD_SWEEP_EVERY_S,
-                "options": {"expires": FOLD_SWEEP_EVERY_S},
-            },
-        },
+        beat_schedule=beat_schedule(s.memory_retention_minute),
         result_expires=None,  # no results are kept: no daily celery.backend_cleanup either
         broker_transport_options=transport,
         result_backend_transport_options=dict(transport),
@@ -250,6 +228,34 @@ def make_app() -> Celery:
     app.steps["consumer"].add(DeclareTopology)
     app.steps["consumer"].add(DeferShutdownSignals)  # SIGTERM never deadlocks the shutdown
     return app
+
+
+def beat_schedule(retention_minute: int) -> dict[str, dict[str, Any]]:
+    """The beat schedule of `celery -A workers.app beat` (one per deployment): retention hourly
+    (a no-op unless MEMORY_RETENTION_DAYS is set), Langfuse trace purges of deleted threads
+    every 5 min, the fold sweep.
+
+    Retention at a fixed minute (MEMORY_RETENTION_MINUTE, 17): beat's schedule file is lost
+    when its pod is replaced, and an interval would restart its hour each time. A run not taken
+    before the next one is sent expires (no pile-up while the fold workers are down or backed
+    up)."""
+    return {
+        "memory-retention": {
+            "task": RETENTION_TASK,
+            "schedule": crontab(minute=retention_minute),
+            "options": {"expires": 3600},
+        },
+        "memory-trace-purges": {
+            "task": PURGE_TRACES_TASK,
+            "schedule": 300.0,
+            "options": {"expires": 300},
+        },
+        "memory-fold-sweep": {
+            "task": SWEEP_FOLDS_TASK,
+            "schedule": FOLD_SWEEP_EVERY_S,
+            "options": {"expires": FOLD_SWEEP_EVERY_S},
+        },
+    }
 
 
 @worker_init.connect

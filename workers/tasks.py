@@ -18,7 +18,8 @@ from memory_core.events import (
     MEMORY_SUMMARIZED,
     emit_event,
 )
-from memory_core.fold.folding import POSTGRES_DOWN, Folder, backoff_delay
+from memory_core.fold.folding import POSTGRES_DOWN, Folder
+from memory_core.fold.outcome import FoldOutcome, backoff_delay
 from memory_core.fold.publisher import FINALIZE_TASK, FOLD_TASK, publish_fold
 from memory_core.fold.summarizer import ConversationSummarizer
 from memory_core.io.db import describe_db_error
@@ -263,28 +264,33 @@ def fold_thread(self: MemoryTask, thread_id: Any) -> dict[str, Any]:
         error = describe_error(exc)
         _fold_failed_event(self, tid, "", self.request.retries + 1, error, retry_in_s=delay)
         retry_or_requeue(self, countdown=delay, exc=RuntimeError(error))
+    return _after_fold(self, outcome)
+
+
+def _after_fold(task: MemoryTask, outcome: FoldOutcome) -> dict[str, Any]:
+    """What an attempt's outcome asks of the task: a retry, an event, the next fold."""
     if outcome.status == "busy":
         # Another fold holds the lease. If its worker died, the lease lapses: check again then
         # (a no-op if the holder finished), so a killed fold is never silently dropped.
         retry_or_requeue(
-            self,
-            countdown=self.memory.settings.memory_fold_lease_s + 1,
+            task,
+            countdown=task.memory.settings.memory_fold_lease_s + 1,
             exc=RuntimeError("another fold holds the lease"),
         )
     if outcome.status == "failed":
         _fold_failed_event(
-            self,
+            task,
             outcome.thread_id,
             outcome.session_id or "",
             outcome.attempt,
             outcome.error or "",
             retry_in_s=outcome.retry_in_s,
         )
-        retry_or_requeue(self, countdown=outcome.retry_in_s or 60, exc=RuntimeError(outcome.error))
+        retry_or_requeue(task, countdown=outcome.retry_in_s or 60, exc=RuntimeError(outcome.error))
     if outcome.status == "folded":
         extra: dict[str, Any] = {"fallback": outcome.fallback} if outcome.fallback else {}
         emit_event(
-            self.memory.redis,
+            task.memory.redis,
             MEMORY_SUMMARIZED,  # to the routine stream
             thread_id=outcome.thread_id,
             session_id=outcome.session_id or "",
@@ -295,7 +301,7 @@ def fold_thread(self: MemoryTask, thread_id: Any) -> dict[str, Any]:
             **extra,
         )
     if outcome.more_pending:  # a backlog, or turns that came during the fold: keep going
-        publish_fold(outcome.thread_id, self.memory.settings.celery_broker_url)
+        publish_fold(outcome.thread_id, task.memory.settings.celery_broker_url)
     return {"status": outcome.status, "through_seq": outcome.through_seq}
 
 
