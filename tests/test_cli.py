@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import uuid
+from pathlib import Path
 
 import pytest
 import redis
@@ -36,6 +37,7 @@ def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
         ["bench", "core"],
         ["bench", "workers"],
         ["eval", "fidelity"],
+        ["eval", "schema"],
     ],
 )
 def test_every_command_has_help(command: list[str]) -> None:
@@ -62,6 +64,25 @@ def test_context_threads_and_strangers(memory: RedisConversationMemory) -> None:
     assert str(tid) not in run("threads", "--owner", "mallory").stdout
     bad_focus = run("context", str(tid), "--owner", owner, "--focus", "charts")
     assert bad_focus.returncode == 1 and "--focus must be one of" in bad_focus.stderr
+
+
+def test_eval_schema_prints_the_shipped_schema_json() -> None:
+    from memory_core.eval.files import CONVERSATIONS
+
+    out = run("eval", "schema")
+    assert out.returncode == 0 and out.stdout == (CONVERSATIONS / "schema.json").read_text()
+
+
+def test_eval_on_a_broken_conversation_folder_is_one_line_and_starts_nothing(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "01-mine.yaml").write_text("name: mine\nround: one\n")
+    out = run("eval", "fidelity", "--conversations", str(tmp_path))
+    assert out.returncode == 1 and out.stdout == ""
+    # the only line: no "using PostgreSQL at ...", no worker, before anything is started
+    assert out.stderr == (
+        "error: eval corpus: 01-mine.yaml: round: Input should be a valid integer (and 4 more)\n"
+    )
 
 
 def test_unreachable_database_is_one_clear_line() -> None:

@@ -546,6 +546,10 @@ def test_wheel_installs_one_top_level_name_holding_workers_and_migrations(tmp_pa
         if p.suffix in {".py", ".ini", ".mako"}
     }
     expected |= {p.relative_to(REPO).as_posix() for p in REPO.glob("memory_core/**/*.py")}
+    expected |= {  # the eval's conversations and their schema: data, not modules
+        p.relative_to(REPO).as_posix() for p in REPO.glob("memory_core/eval/conversations/*")
+    }
+    assert len(expected) > 30
     assert expected <= names, sorted(expected - names)
 
 

@@ -12,27 +12,13 @@ import os
 import re
 import subprocess
 import sys
-from itertools import accumulate, pairwise
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from memory_core.devservices.fake_llm import FakeLLMServer
-from memory_core.eval import (
-    SCENARIOS,
-    corpus,
-    scenarios_a,
-    scenarios_b,
-    scenarios_c,
-    scenarios_d,
-    scenarios_e,
-    scenarios_f,
-    scenarios_g,
-    scenarios_h,
-    scenarios_i,
-    scenarios_j,
-)
+from memory_core.eval import SCENARIOS, corpus
 from memory_core.eval.corpus import TAIL_TURNS, Conversation, Fact, Scenario, turn_text
 from memory_core.eval.filler import Script
 from memory_core.eval.report import aggregates, markdown, overall, table_rows
@@ -43,10 +29,9 @@ from tests.support import REPO
 
 CONVERSATIONS = corpus()
 IDS = [c.name for c in CONVERSATIONS]
-FIRST = (scenarios_a, scenarios_b, scenarios_c, scenarios_d)  # tuned on from the start
-LATER = ((scenarios_e, scenarios_f), (scenarios_g, scenarios_h))  # written held-out, tuned since
-TUNING = [s for m in (*FIRST, *(m for pair in LATER for m in pair)) for s in m.SCENARIOS]
-HELD_OUT = [*scenarios_i.SCENARIOS, *scenarios_j.SCENARIOS]
+# Round 1 was tuned on from the start; rounds 2 and 3 were written held-out and tuned on since.
+TUNING = [s for s in SCENARIOS if not s.holdout]
+HELD_OUT = [s for s in SCENARIOS if s.holdout]
 SMOKE_TIMEOUT_S = 240
 
 
@@ -72,8 +57,10 @@ def test_the_corpus_has_twenty_four_tuning_then_six_held_out_conversations() -> 
     assert [c.name for c in held_out] == [s.name for s in HELD_OUT]
     lengths = [len(c.turns) for c in CONVERSATIONS]
     assert all(40 <= n <= 120 for n in lengths) and len(set(lengths)) == len(lengths)
-    sizes = [sum(len(m.SCENARIOS) for m in group) for group in (FIRST, *LATER)]
-    groups = [tuning[a:b] for a, b in pairwise([0, *accumulate(sizes)])]
+    rounds = sorted({s.round for s in TUNING})
+    assert rounds == [1, 2, 3] and {s.round for s in HELD_OUT} == {4}
+    assert [s.round for s in TUNING] == sorted(s.round for s in TUNING)  # round by round
+    groups = [[c for c, s in zip(tuning, TUNING, strict=True) if s.round == r] for r in rounds]
     assert [len(g) for g in groups] == [12, 6, 6]
     for group in (*groups, held_out):  # each shortest first
         assert [len(c.turns) for c in group] == sorted(len(c.turns) for c in group)
@@ -91,7 +78,7 @@ def test_a_held_out_conversation_is_shaped_like_the_tuning_set(scenario: Scenari
 
 
 def test_held_out_instructions_are_worded_anew() -> None:
-    """No held-out message or answer repeats one of the tuning set (scenarios_a..h)."""
+    """No held-out message or answer repeats one of the tuning set (rounds 1 to 3)."""
     tuning = {t for s in TUNING for say in s.says for t in (say.query, say.answer)}
     for scenario in HELD_OUT:
         for say in scenario.says:

@@ -52,6 +52,7 @@ ALLOWED: dict[str, str] = {
     "profile-save.txt": "a call tree `agent-memory bench profile --out DIR` writes",
     "profile-read.txt": "a call tree `agent-memory bench profile --out DIR` writes",
     "core-overview.png": "the overview figure `bench core --plots DIR` writes into DIR",
+    "01-mine.yaml": "a conversation file a CLI test writes into its temporary folder",
     ".agent-memory/reliability/figures.json": "the figures the reliability suite merges (ignored)",
     # Examples of the shapes of text, not files.
     "file.py": "the `ClassName at file.py:123 (function)` format of an error's origin",

@@ -1,9 +1,10 @@
 """`agent-memory eval fidelity`: do standing instructions survive folding?
 
-Plays the scripted analytics conversations of memory_core/eval through a real worker (the
-demo's services and worker) and scores the `brief` and `sql` views after the last fold: per
-conversation, then for the tuning set, the held-out set and overall. Progress goes to stderr;
-the table, `--markdown` or `--json` to stdout. The figures are the result: exit 0 whenever the
+Plays the scripted analytics conversations of memory_core/eval/conversations/ (or of a folder
+given with `--conversations`, in the same format) through a real worker (the demo's services
+and worker) and scores the `brief` and `sql` views after the last fold: per conversation, then
+for the tuning set, the held-out set and overall. Progress goes to stderr; the table,
+`--markdown` or `--json` to stdout. The figures are the result: exit 0 whenever the
 eval ran, 1 with one line on stderr when a step failed.
 """
 
@@ -27,6 +28,18 @@ def _one_line(exc: BaseException) -> str:
     return line if isinstance(exc, DemoError) else f"{type(exc).__name__}: {line}"
 
 
+@eval_app.command("schema")
+def schema_cmd() -> None:
+    """Print the JSON Schema of a conversation file (memory_core/eval/conversations/schema.json).
+
+    For an editor that checks YAML against a schema while a conversation is written; the eval
+    validates every file against the same models when it loads them.
+    """
+    from memory_core.eval.files import schema_text
+
+    typer.echo(schema_text(), nl=False)
+
+
 @eval_app.command("fidelity")
 @stops_what_it_started
 def fidelity_cmd(
@@ -34,8 +47,18 @@ def fidelity_cmd(
         int | None,
         typer.Option(
             min=1,
-            help="Only the first N conversations (the tuning set, a..d, e..f then g..h, each "
+            help="Only the first N conversations (the tuning set, rounds 1 to 3, each "
             "shortest first; then the held-out set).",
+        ),
+    ] = None,
+    conversations: Annotated[
+        Path | None,
+        typer.Option(
+            "--conversations",
+            file_okay=False,
+            exists=True,
+            help="A folder of conversation files (NN-<name>.yaml, the format of "
+            "memory_core/eval/conversations/) to play instead of the shipped corpus.",
         ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="The report as JSON on stdout.")] = False,
@@ -52,17 +75,20 @@ def fidelity_cmd(
     from rich.console import Console
     from rich.table import Table
 
-    from memory_core.eval import corpus
+    from memory_core.eval import CorpusError, corpus
     from memory_core.eval.report import COLUMNS, headline, table_rows
     from memory_core.eval.report import markdown as as_markdown
     from memory_core.eval.runner import run_fidelity
 
     if as_json and markdown:
         fail("choose one of --json and --markdown")
-    conversations = corpus()[:limit] if limit else corpus()
+    try:
+        played = corpus(conversations.resolve() if conversations else None)[:limit]
+    except CorpusError as exc:
+        fail(f"eval corpus: {exc}")
     progress = Console(stderr=True, highlight=False)
     try:
-        report = run_fidelity(progress, Path.cwd() / ".agent-memory" / "eval", conversations)
+        report = run_fidelity(progress, Path.cwd() / ".agent-memory" / "eval", played)
     except KeyboardInterrupt:
         fail("eval interrupted")
     except Exception as exc:

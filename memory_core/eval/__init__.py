@@ -1,38 +1,45 @@
 """`agent-memory eval fidelity`: do standing instructions survive folding, and do replaced ones go?
 
-corpus.py (the model of a scenario, its facts), filler.py (the turns between instructions and
-the SQL every turn runs), scenarios_a..h.py (the twenty-four scripted analytics conversations
-the instruction detector is tuned on), scenarios_i.py and scenarios_j.py (six held-out ones
-that nobody tunes against), scoring.py (probes over a rendered view), runner.py (plays the corpus
-through a real worker and scores the views after the last fold), report.py (the rows and the
-tuning, held-out and overall aggregates).
+conversations/ (the thirty scripted analytics conversations, one YAML file each: twenty-four
+the instruction detector is tuned on, in three rounds, then six held-out ones that nobody tunes
+against; conversations/README.md says how they were written), files.py (loads and validates
+them against their schema), corpus.py (the model of a scenario, its facts), filler.py (the turns
+between instructions and the SQL every turn runs), scoring.py (probes over a rendered view),
+runner.py (plays the corpus through a real worker and scores the views after the last fold),
+report.py (the rows and the tuning, held-out and overall aggregates).
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
+from pathlib import Path
+from typing import Any
 
-from memory_core.eval.corpus import Conversation, Fact
+from memory_core.eval.corpus import Conversation, Fact, Scenario
+from memory_core.eval.files import CONVERSATIONS, CorpusError, load
 from memory_core.eval.filler import Script
-from memory_core.eval.scenarios_a import SCENARIOS as _A
-from memory_core.eval.scenarios_b import SCENARIOS as _B
-from memory_core.eval.scenarios_c import SCENARIOS as _C
-from memory_core.eval.scenarios_d import SCENARIOS as _D
-from memory_core.eval.scenarios_e import SCENARIOS as _E
-from memory_core.eval.scenarios_f import SCENARIOS as _F
-from memory_core.eval.scenarios_g import SCENARIOS as _G
-from memory_core.eval.scenarios_h import SCENARIOS as _H
-from memory_core.eval.scenarios_i import SCENARIOS as _I
-from memory_core.eval.scenarios_j import SCENARIOS as _J
 
-# The tuning set (a..d shortest first, then e..f and g..h, each shortest first: `--limit 2` is
-# the quickest smoke run), then the held-out set (i..j) shortest first.
-SCENARIOS = _A + _B + _C + _D + _E + _F + _G + _H + _I + _J
-
-__all__ = ["SCENARIOS", "Conversation", "Fact", "corpus"]
+__all__ = ["SCENARIOS", "Conversation", "CorpusError", "Fact", "corpus", "scenarios"]
 
 
-@lru_cache(maxsize=1)
-def corpus() -> tuple[Conversation, ...]:
-    """The built conversations, in SCENARIOS order (the same on every call and machine)."""
-    return tuple(Script(s).build() for s in SCENARIOS)
+@lru_cache(maxsize=4)
+def scenarios(folder: Path | None = None) -> tuple[Scenario, ...]:
+    """The conversation files of `folder` (default: the shipped corpus), validated, in the
+    files' order: the tuning set by round, each shortest first (`--limit 2` is the quickest
+    smoke run), then the held-out set, shortest first. A broken file raises
+    `CorpusError`, one line naming the file and the field."""
+    return load(folder or CONVERSATIONS)
+
+
+@lru_cache(maxsize=4)
+def corpus(folder: Path | None = None) -> tuple[Conversation, ...]:
+    """The built conversations, in the files' order (the same on every call and machine)."""
+    return tuple(Script(s).build() for s in scenarios(folder))
+
+
+def __getattr__(name: str) -> Any:
+    # SCENARIOS is loaded on first use, not at import: a broken file then fails the command
+    # that reads the corpus, with its one-line error, not every import of the package.
+    if name == "SCENARIOS":
+        return scenarios()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,15 +1,15 @@
 """The fidelity corpus: what a scenario is made of, and how it becomes turns and facts.
 
-A scenario is data (scenarios_*.py): a domain (tables, dimensions, metrics, trap questions)
-and the standing instructions the user gives at fixed turns, some replacing earlier ones.
-`build` turns it into the turns an analytics agent hands over at finalize (the question, the
-answer, the SQL it ran under the instructions in force at that turn, charts and dashboards)
-and the facts the eval scores. The filler turns between instructions come from a generator
-seeded with the scenario's name (filler.py): the same corpus on every run and machine.
+A scenario is data (a file of memory_core/eval/conversations/, loaded by files.py): a domain
+(tables, dimensions, metrics, trap questions) and the standing instructions the user gives at
+fixed turns, some replacing earlier ones. `build` turns it into the turns an analytics agent
+hands over at finalize (the question, the answer, the SQL it ran under the instructions in
+force at that turn, charts and dashboards) and the facts the eval scores. The filler turns
+between instructions come from a generator seeded with the scenario's name (filler.py): the
+same corpus on every run and machine.
 
-A held-out scenario (`holdout=True`, scenarios_i.py and scenarios_j.py) was written without
-looking at the instruction detector and is never tuned against: its figures are reported on
-their own.
+A held-out scenario (`holdout=True`, round 4) was written without looking at the instruction
+detector and is never tuned against: its figures are reported on their own.
 """
 
 from __future__ import annotations
@@ -78,6 +78,7 @@ class Scenario:
     domain: Domain
     says: tuple[Say, ...]
     holdout: bool = False  # written blind to the detector; never tuned against
+    round: int = 1  # the round of writing (conversations/README.md)
 
 
 @dataclass(frozen=True)
