@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -73,11 +73,8 @@ def fidelity_cmd(
     the tuning set, the held-out set (never tuned against) and overall.
     """
     from rich.console import Console
-    from rich.table import Table
 
     from memory_core.eval import CorpusError, corpus
-    from memory_core.eval.report import COLUMNS, headline, table_rows
-    from memory_core.eval.report import markdown as as_markdown
     from memory_core.eval.runner import run_fidelity
 
     if as_json and markdown:
@@ -93,6 +90,16 @@ def fidelity_cmd(
         fail("eval interrupted")
     except Exception as exc:
         fail(f"eval failed: {_one_line(exc)}")
+    _print_report(report, as_json=as_json, markdown=markdown)
+
+
+def _print_report(report: dict[str, Any], *, as_json: bool, markdown: bool) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from memory_core.eval.report import COLUMNS, headline, table_rows
+    from memory_core.eval.report import markdown as as_markdown
+
     if as_json:
         typer.echo(json.dumps(report, indent=2))
         return
