@@ -196,6 +196,29 @@ def fold_table(
     return lines
 
 
+def _points(
+    finalize: str, fold: str, broker_url: str
+) -> tuple[list[Point], list[Point], list[str]]:
+    """The finalize and fold points the broker can run, and notes on those it cannot."""
+    fin, fin_notes = _usable(
+        parse_points(finalize),
+        default=finalize == DEFAULT_FINALIZE,
+        redis_only=False,
+        broker_url=broker_url,
+        what="finalize",
+    )
+    fol, fold_notes = _usable(
+        parse_points(fold),
+        default=fold == DEFAULT_FOLD,
+        redis_only=True,
+        broker_url=broker_url,
+        what="fold",
+    )
+    if not fin and not fol:
+        raise ValueError("no point to measure: --finalize and --fold are both empty")
+    return fin, fol, fin_notes + fold_notes
+
+
 def bench_sizing(
     *,
     database_url: str,
@@ -216,22 +239,7 @@ def bench_sizing(
         raise ValueError("jobs must be >= 4, folds >= 1, repeat >= 1, the LLM latency >= 0")
     if plot is not None:
         require_matplotlib()  # before minutes of measuring
-    fin, fin_notes = _usable(
-        parse_points(finalize),
-        default=finalize == DEFAULT_FINALIZE,
-        redis_only=False,
-        broker_url=broker_url,
-        what="finalize",
-    )
-    fol, fold_notes = _usable(
-        parse_points(fold),
-        default=fold == DEFAULT_FOLD,
-        redis_only=True,
-        broker_url=broker_url,
-        what="fold",
-    )
-    if not fin and not fol:
-        raise ValueError("no point to measure: --finalize and --fold are both empty")
+    fin, fol, notes = _points(finalize, fold, broker_url)
     started = time.perf_counter()
     urls = {"database_url": database_url, "redis_url": redis_url, "broker_url": broker_url}
     sweep = _Sweep(urls, jobs=jobs, folds=folds, latency_s=llm_latency_s, out=out)
@@ -253,8 +261,7 @@ def bench_sizing(
         f"$ {command}",
         f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC · {repeat} pass(es) · wall {wall_s:.0f} s",
         f"{machine()} · {any_meta['versions']}",
-        *fin_notes,
-        *fold_notes,
+        *notes,
     ]
     lines += _tables(result, metas, jobs=jobs, folds=folds, latency_s=llm_latency_s)
     if plot is not None:
