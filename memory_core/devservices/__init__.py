@@ -10,6 +10,7 @@ data dirs, and private servers still running from an earlier call, are reused.
 what it started running (`--stop` stops it).
 
 The modules, one job each: `postgres` and `redis_server` (reach or start each server),
+`redis_cluster` (a private Redis Cluster of six local nodes, `--redis-cluster`),
 `system` (users, locks, liveness), `signals` (a command ends what it started on SIGTERM,
 SIGINT and SIGHUP), `private_broker` (the demo's own vhost or Redis database), `workers`
 (Celery worker subprocesses), `fake_llm` (a local OpenAI-compatible server), `poll` (wait
@@ -33,6 +34,7 @@ from memory_core.devservices.postgres import (
     start_postgres,
     stop_postgres,
 )
+from memory_core.devservices.redis_cluster import stop_redis_cluster
 from memory_core.devservices.redis_server import redis_reachable, start_redis, stop_redis
 from memory_core.devservices.signals import deferred
 from memory_core.devservices.system import DevServicesError, locked
@@ -123,3 +125,4 @@ def stop_private(data_dir: Path) -> None:
     data_dir = Path(data_dir).resolve()
     stop_postgres(data_dir)
     stop_redis(data_dir / "redis")
+    stop_redis_cluster(data_dir)
