@@ -127,10 +127,9 @@ def test_a_save_cancelled_while_its_committed_reply_is_in_flight_is_read_by_ever
 ) -> None:
     """Issue 30, item 14: the statement committed, its reply was held, the caller went away."""
     settings = get_settings().model_copy(update={"database_url": pg_proxy.url})
-    tid = uuid.uuid4()
     owner = "user-42"
 
-    async def scenario() -> list[int]:
+    async def scenario(tid: uuid.UUID) -> list[int] | None:
         memory = RedisConversationMemory(settings=settings)
         for n in (1, 2):
             assert (await asave_session_to_thread_safe(make_snapshot(tid, n), memory=memory)).ok
@@ -143,6 +142,10 @@ def test_a_save_cancelled_while_its_committed_reply_is_in_flight_is_read_by_ever
             pg_proxy.release_held()
             await asyncio.sleep(0.01)
         while pg_proxy.held_bytes == 0:
+            if task.done():  # the reply was released with the statement: nothing was held
+                pg_proxy.resume()
+                await memory.aclose()
+                return None
             await asyncio.sleep(0.01)
         task.cancel()
         pg_proxy.resume()  # psycopg's cancel request, and the reply, go through
@@ -152,7 +155,14 @@ def test_a_save_cancelled_while_its_committed_reply_is_in_flight_is_read_by_ever
         await memory.aclose()
         return _seqs(ctx)
 
-    assert asyncio.run(scenario()) == [1, 2, 3]
+    # A loaded machine can let the commit's reply slip out with the last release (the proxy
+    # does not tell requests from replies): that run proves nothing, so it is played again.
+    for _ in range(5):
+        tid = uuid.uuid4()
+        seqs = asyncio.run(scenario(tid))
+        if seqs is not None:
+            break
+    assert seqs == [1, 2, 3]
     other = run_python("-c", _READ_IN_ANOTHER_PROCESS, str(tid), owner)
     assert other.returncode == 0, other.stderr[-2000:]
     assert other.stdout.split() == ["1,2,3"]

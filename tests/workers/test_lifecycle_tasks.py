@@ -110,6 +110,14 @@ def thread_keys(client: redis.Redis, tid: uuid.UUID) -> set[str]:
     return {k.decode() for k in client.scan_iter(match=f"*{tid}*", count=1000)}
 
 
+def only_markers_left(client: redis.Redis, memory: RedisConversationMemory, tid: uuid.UUID) -> bool:
+    """Of a deleted thread, only markers that refuse late copy writes: this memory's, and one
+    under each other key prefix on record in memory_settings_seen (an earlier test of the
+    same database may have used one; memory_core/lifecycle/purge.py forgets under them too)."""
+    keys = thread_keys(client, tid)
+    return gone_key(memory, tid) in keys and all(k.endswith(f"{{{tid}}}:gone") for k in keys)
+
+
 def copy_keys(memory: RedisConversationMemory, tid: uuid.UUID) -> set[str]:
     """The working copy's keys (meta, turns), as memory_core/copy/working_copy.py names them."""
     tag = f"{memory.settings.memory_key_prefix}:{{{tid}}}"
@@ -165,7 +173,7 @@ def test_forget_owner_deletes_every_thread_of_the_owner_and_nothing_else(
         assert gone_key(memory, tid) not in thread_keys(redis_client, tid)
     # Of a deleted thread only the marker that refuses late copy writes is left in Redis.
     for tid in doomed:
-        assert thread_keys(redis_client, tid) == {gone_key(memory, tid)}, tid
+        assert only_markers_left(redis_client, memory, tid), thread_keys(redis_client, tid)
         assert redis_client.ttl(gone_key(memory, tid)) > 0  # it expires with the copy's TTL
 
     # Events: one per deleted thread, and the run's own, none naming the owner.
@@ -248,7 +256,7 @@ def test_retention_deletes_only_threads_idle_longer_than_the_setting(
 
     assert set(thread_rows([old, recent, fresh])) == {recent, fresh}
     assert threads_newer_than(timedelta(hours=23, minutes=30)) == spared  # nobody else's
-    assert thread_keys(redis_client, old) == {gone_key(memory, old)}
+    assert only_markers_left(redis_client, memory, old), thread_keys(redis_client, old)
     for tid in (recent, fresh):
         assert [e.seq for e in memory.get_context(tid, owner).recent] == [1, 2]
     runs = [e for e in drain_events(redis_client, events_stream) if e.event == MEMORY_RETENTION_RUN]
