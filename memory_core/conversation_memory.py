@@ -11,8 +11,6 @@ from contextlib import AbstractContextManager, suppress
 from typing import Any, Literal
 from uuid import UUID
 
-import redis
-import redis.asyncio as aredis
 from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.orm import Session
@@ -34,6 +32,7 @@ from memory_core.copy.working_copy import NOT_OWNER, WorkingCopy, context_from_c
 from memory_core.io.async_driver import run_async
 from memory_core.io.db import session_scope
 from memory_core.io.memory_clients import MemoryClients
+from memory_core.io.redis_kinds import AsyncRedis, SyncRedis, redis_location
 from memory_core.io.steps import (
     Read,
     Steps,
@@ -68,7 +67,7 @@ class RedisConversationMemory(MemoryClients):
 
     def __init__(
         self,
-        redis_client: redis.Redis | None = None,
+        redis_client: SyncRedis | None = None,
         *,
         ttl_hours: float | None = None,
         max_recent_messages: int | None = None,
@@ -79,7 +78,7 @@ class RedisConversationMemory(MemoryClients):
         settings: Settings | None = None,
         engine: Engine | None = None,
         local_cache_size: int | None = None,
-        async_redis: aredis.Redis | None = None,
+        async_redis: AsyncRedis | None = None,
         async_engine: AsyncEngine | None = None,
     ) -> None:
         s = settings or get_settings()
@@ -113,11 +112,7 @@ class RedisConversationMemory(MemoryClients):
             cap=self.max_unfolded_messages,
         )
         announce(self)  # once an hour per process and settings, off the caller's path
-        where = self.redis.connection_pool.connection_kwargs
-        self._copy_id = (
-            f"{where.get('host', where.get('path'))}:{where.get('port')}/{where.get('db')}"
-            f"/{self.key_prefix}"
-        )
+        self._copy_id = f"{redis_location(self.redis)}/{self.key_prefix}"
 
     def _check_limits(self) -> None:
         """Refuse a fold arithmetic or copy lifetime that cannot work (ValueError)."""
@@ -212,11 +207,7 @@ class RedisConversationMemory(MemoryClients):
         return (yield from self._rehydrate(tid, owner_id))
 
     def _read_copy(self, tid: UUID, owner_id: str) -> Steps[ConversationContext | str | None]:
-        try:
-            yield from self._drop_copies_behind()
-        except CACHE_ERRORS:
-            if COPIES_BEHIND.contains(self._copy_id, tid):
-                raise  # this copy may miss turns and cannot be dropped: read around it
+        yield from self._drop_copies_behind_for(tid)
         known = self._parsed.get(tid)
         reply = yield self.copy.read_step(tid, owner_id, known[0] if known else None)
         found = self.copy.parse_read(reply, known[0] if known else None)
@@ -309,6 +300,16 @@ class RedisConversationMemory(MemoryClients):
         with suppress(*CACHE_ERRORS):
             run_sync(self._drop_copies_behind(), self.sync_io())
 
+    def _drop_copies_behind_for(self, tid: UUID) -> Steps[None]:
+        """Drop the copies behind before using `tid`'s; raises Redis errors only when `tid`'s
+        own copy is behind and could not be dropped. Another thread's copy on a node that is
+        down (a Redis Cluster failing over) does not stop this one's read or write."""
+        try:
+            yield from self._drop_copies_behind()
+        except CACHE_ERRORS:
+            if COPIES_BEHIND.contains(self._copy_id, tid):
+                raise  # this copy may miss turns and cannot be dropped: go around it
+
     def _drop_copies_behind(self) -> Steps[None]:
         """Delete the copies this process failed to update (raises Redis errors)."""
         while behind := COPIES_BEHIND.pending(self._copy_id):
@@ -360,7 +361,7 @@ class RedisConversationMemory(MemoryClients):
         serves it without the turn.
         """
         try:
-            yield from self._drop_copies_behind()
+            yield from self._drop_copies_behind_for(thread_id)
             if turn.seq == 1:
                 first = ConversationContext(thread_id=thread_id, recent=[turn])
                 status = self.copy.status((yield self.copy.merge_step(owner_id, first, 1)))
@@ -385,7 +386,7 @@ class RedisConversationMemory(MemoryClients):
     def refresh_summary(self, owner_id: str, thread_id: UUID, summary: str, through: int) -> str:
         """Carry a fold's summary into the copy, if there is one; never raises."""
         try:
-            run_sync(self._drop_copies_behind(), self.sync_io())
+            run_sync(self._drop_copies_behind_for(thread_id), self.sync_io())
             return self.copy.refresh(owner_id, thread_id, summary, through)
         except Exception as exc:
             self._write_failed(thread_id, exc)

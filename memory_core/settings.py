@@ -15,7 +15,9 @@ from urllib.parse import urlsplit
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-REDIS_SCHEMES = ("redis", "rediss", "unix")
+from memory_core.io.redis_kinds import CLUSTER_SCHEMES, cluster_seeds, is_cluster_url
+
+REDIS_SCHEMES = ("redis", "rediss", "unix", *CLUSTER_SCHEMES)
 BROKER_SCHEMES = ("redis", "rediss", "sentinel", "amqp", "amqps", "pyamqp", "memory")
 _HUNDRED_YEARS_H = 24 * 365 * 100
 
@@ -132,6 +134,16 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _defaults(self) -> Settings:
+        if is_cluster_url(self.redis_url):
+            try:
+                cluster_seeds(self.redis_url)
+            except ValueError as exc:
+                raise ValueError(f"REDIS_URL: {exc}") from None
+            if not self.celery_broker_url:
+                raise ValueError(
+                    "CELERY_BROKER_URL must be set when REDIS_URL is a Redis Cluster: Celery's "
+                    "Redis transport needs one server (or use RabbitMQ)"
+                )
         if not self.celery_broker_url:
             self.celery_broker_url = self.redis_url
         threshold = self.memory_compression_threshold

@@ -30,7 +30,7 @@ pytest_plugins = [
     "tests.fixtures.workers",
 ]
 
-WORKER_DIRS = {"workers", "reliability"}
+WORKER_DIRS = {"workers", "reliability", "clusters"}
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-import redis
 from sqlalchemy import Engine
 
 from memory_core import (
@@ -37,6 +36,7 @@ from memory_core.io.aio import make_async_engine, make_async_redis
 from memory_core.io.db import make_engine
 from memory_core.io.queues import FINALIZE_QUEUE, FOLD_QUEUE
 from memory_core.io.redis_client import make_redis
+from memory_core.io.redis_kinds import SyncRedis
 from memory_core.settings import Settings
 from tests.support.async_service import (
     Answer,
@@ -85,7 +85,7 @@ def proxies(settings: Settings) -> Iterator[Proxies]:
 
 
 @pytest.fixture
-def nowhere() -> Iterator[tuple[redis.Redis, Engine]]:
+def nowhere() -> Iterator[tuple[SyncRedis, Engine]]:
     """Blocking clients for ports where nothing listens: the async paths must not use them."""
     client = make_redis(f"redis://127.0.0.1:{free_port()}/0")
     engine = make_engine(f"postgresql://postgres@127.0.0.1:{free_port()}/nowhere")
@@ -95,7 +95,7 @@ def nowhere() -> Iterator[tuple[redis.Redis, Engine]]:
 
 
 def through_proxies(
-    nowhere: tuple[redis.Redis, Engine], settings: Settings, **kw: Any
+    nowhere: tuple[SyncRedis, Engine], settings: Settings, **kw: Any
 ) -> RedisConversationMemory:
     """A memory whose asyncio clients go through the proxies of `settings` and whose blocking
     ones lead nowhere: the async paths must not use them (given blocking clients, a memory's
@@ -112,7 +112,7 @@ def through_proxies(
 
 
 @pytest.fixture
-def amemory(proxies: Proxies, nowhere: tuple[redis.Redis, Engine]) -> RedisConversationMemory:
+def amemory(proxies: Proxies, nowhere: tuple[SyncRedis, Engine]) -> RedisConversationMemory:
     """A memory whose asyncio clients go through the proxies (blocking ones lead nowhere)."""
     return through_proxies(nowhere, proxies.settings)
 
@@ -209,7 +209,7 @@ def test_enqueue_waits_for_the_broker_without_blocking_the_loop(
 def test_fold_request_publishes_off_the_loop(
     memory: RedisConversationMemory,
     proxies: Proxies,
-    nowhere: tuple[redis.Redis, Engine],
+    nowhere: tuple[SyncRedis, Engine],
     broker: str,
 ) -> None:
     """The save that takes a thread over the threshold publishes the fold (kombu, blocking)
@@ -370,7 +370,7 @@ def test_service_bounds_its_connections_and_closes_them_at_shutdown(proxies: Pro
 
 
 def test_200_async_agents_on_one_loop_lose_no_turn(
-    memory: RedisConversationMemory, proxies: Proxies, nowhere: tuple[redis.Redis, Engine]
+    memory: RedisConversationMemory, proxies: Proxies, nowhere: tuple[SyncRedis, Engine]
 ) -> None:
     """Each agent reads and saves a turn on a thread of its own, then on one of 4 shared
     threads: no lost turn, seqs 1..N per thread without gaps or duplicates."""

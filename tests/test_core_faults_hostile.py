@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+import redis.asyncio as aredis
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -173,6 +174,7 @@ def _assert_nothing_checked_out() -> None:
     s = get_settings()
     assert get_async_engine(s.database_url).pool.checkedout() == 0  # type: ignore[attr-defined]
     for client in (get_async_redis(s.redis_url), get_async_waits_redis(s.redis_url)):
+        assert isinstance(client, aredis.Redis)  # this suite runs on one server
         assert not client.connection_pool._in_use_connections
 
 

@@ -40,9 +40,8 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 from uuid import UUID
 
-import redis
-
 from memory_core.copy.context import ConversationContext, Exchange
+from memory_core.io.redis_kinds import SyncRedis
 from memory_core.io.steps import Delete, Script
 
 _WRITE = """
@@ -135,8 +134,6 @@ redis.call('SET', KEYS[3], '1', 'PX', ARGV[1])
 return had
 """
 
-# Lift the marker (a delete whose Postgres transaction did not commit).
-_UNFORGET = "return redis.call('DEL', KEYS[1])"
 
 NOT_OWNER = "owner"
 # The scripts the memory's steps name (memory_core/io/steps.py `Script`); async clients register
@@ -160,7 +157,7 @@ ReadReply = CopyRead | str | None
 class WorkingCopy:
     """Reads and writes one Redis working copy per thread."""
 
-    def __init__(self, client: redis.Redis, *, key_prefix: str, ttl_ms: int, cap: int) -> None:
+    def __init__(self, client: SyncRedis, *, key_prefix: str, ttl_ms: int, cap: int) -> None:
         self.client = client
         self.key_prefix = key_prefix
         self.ttl_ms = ttl_ms
@@ -168,7 +165,6 @@ class WorkingCopy:
         self._write = client.register_script(_WRITE)
         self._read = client.register_script(_READ)
         self._inspect = client.register_script(_INSPECT)
-        self._forget = client.register_script(_FORGET)
         self.scripts = {"read": self._read, "write": self._write}
 
     def saved_channel(self, thread_id: UUID | str) -> str:
@@ -188,7 +184,10 @@ class WorkingCopy:
         trip (raises Redis errors). Returns how many copies there were."""
         pipe = self.client.pipeline(transaction=False)
         for tid in thread_ids:
-            self._forget(keys=self.write_keys(tid), args=[self.ttl_ms], client=pipe)
+            # EVAL with the (short) source, not EVALSHA: a Redis Cluster pipeline splits the
+            # batch by node and cannot load a script on a node that lacks it (and its
+            # `eval` method refuses; the command itself is routed by its keys' slot).
+            pipe.execute_command("EVAL", _FORGET, 3, *self.write_keys(tid), self.ttl_ms)
         return sum(int(had) for had in pipe.execute())
 
     def unforget(self, thread_ids: Sequence[UUID]) -> None:

@@ -22,10 +22,10 @@ import time
 from collections.abc import Generator
 from typing import Any, cast
 
-from redis import Redis
 from redis.exceptions import ResponseError
 
 from memory_core.events.stream import Event, _now_iso, _text
+from memory_core.io.redis_kinds import SyncRedis
 from memory_core.logs import get_logger
 from memory_core.metrics import EVENTS_CONSUMER_LAG, EVENTS_LOST
 from memory_core.settings import get_settings
@@ -50,7 +50,7 @@ class EventConsumer:
 
     def __init__(
         self,
-        redis: Redis,
+        redis: SyncRedis,
         group: str,
         consumer: str,
         *,
@@ -249,8 +249,11 @@ class EventConsumer:
                 "dead_lettered_at": _now_iso(),
             }
             pipe.xadd(self.dead_letter_stream, cast(Any, {**e.fields, **meta}), maxlen=maxlen)
-        pipe.xack(self.stream, self.group, *(e.id for e in events))
-        pipe.execute()  # XADDs first: a failed ack re-delivers, it never loses the entry
+        # The XADDs, then the ack, in two round trips (dead-lettering is rare): a failed ack
+        # re-delivers, it never loses the entry. One pipeline would not keep that order on a
+        # Redis Cluster, where the two streams may live on different nodes.
+        pipe.execute()
+        self.ack(*(e.id for e in events))
         _log.warning(
             "memory.event_dead_lettered",
             stream=self.dead_letter_stream,
@@ -267,7 +270,7 @@ def _id_tuple(entry_id: str) -> tuple[int, int]:
 
 
 def tail_events(
-    redis: Redis,
+    redis: SyncRedis,
     *,
     stream: str | None = None,
     group: str | None = None,

@@ -25,8 +25,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, cast
 
-from redis import Redis
-
+from memory_core.io.redis_kinds import SyncRedis
 from memory_core.logs import get_logger
 from memory_core.settings import get_settings
 
@@ -77,7 +76,7 @@ def _truncate_error(error: str) -> str:
 
 
 def emit_event(
-    redis: Redis,
+    redis: SyncRedis,
     event: str,
     *,
     thread_id: str = "",
@@ -111,7 +110,7 @@ def emit_event(
         return None
 
 
-def emit_thread_events(redis: Redis, event: str, thread_ids: list[str], **extra: str) -> int:
+def emit_thread_events(redis: SyncRedis, event: str, thread_ids: list[str], **extra: str) -> int:
     """One `event` per thread id in one round trip (a deletion of many threads); returns how
     many were added. Never raises, like `emit_event`."""
     try:

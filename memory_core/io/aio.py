@@ -27,10 +27,15 @@ import redis.asyncio as aredis
 
 # Imported now, not on the event loop at the first call (psycopg's import takes ~0.1-0.2 s).
 import sqlalchemy.dialects.postgresql.psycopg  # noqa: F401
+from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.cluster import RedisCluster
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from memory_core.io.redis_kinds import AsyncRedis, cluster_seeds, is_cluster_url
 
 T = TypeVar("T")
 ASYNC_DRIVER = "postgresql+psycopg"
@@ -87,7 +92,9 @@ def make_async_engine(url: str) -> AsyncEngine:
     )
 
 
-def make_async_redis(url: str, *, socket_timeout: float = 2.0) -> aredis.Redis:
+def make_async_redis(url: str, *, socket_timeout: float = 2.0) -> AsyncRedis:
+    if is_cluster_url(url):
+        return _make_async_cluster(url, socket_timeout=socket_timeout)
     pool = aredis.BlockingConnectionPool.from_url(
         url,
         max_connections=ASYNC_REDIS_MAX_CONNECTIONS,
@@ -103,9 +110,28 @@ def make_async_redis(url: str, *, socket_timeout: float = 2.0) -> aredis.Redis:
     return aredis.Redis.from_pool(pool)  # the client owns the pool: aclose() closes it
 
 
+def _make_async_cluster(url: str, *, socket_timeout: float) -> AsyncRedisCluster:
+    found = cluster_seeds(url)
+    return AsyncRedisCluster(
+        startup_nodes=[AsyncClusterNode(host, port) for host, port in found.seeds],
+        max_connections=ASYNC_REDIS_MAX_CONNECTIONS,  # per node
+        socket_connect_timeout=1.0,
+        socket_timeout=socket_timeout,
+        health_check_interval=30,
+        retry=Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)),
+        decode_responses=False,
+        username=found.username,
+        password=found.password,
+        ssl=found.ssl,
+    )
+
+
 def redis_url_of(client: Any) -> str:
     """The URL of the server a blocking redis-py client talks to (host or socket, database,
-    credentials, TLS), so the asyncio side of a memory reaches the same Redis."""
+    credentials, TLS), so the asyncio side of a memory reaches the same Redis. For a cluster
+    client: its seed nodes, as `redis+cluster://`."""
+    if isinstance(client, RedisCluster):
+        return _cluster_url_of(client)
     pool = client.connection_pool
     kw = pool.connection_kwargs
     user, password = kw.get("username") or "", kw.get("password") or ""
@@ -118,6 +144,15 @@ def redis_url_of(client: Any) -> str:
     )
 
 
+def _cluster_url_of(client: RedisCluster) -> str:
+    kw = client.nodes_manager.connection_kwargs
+    user, password = kw.get("username") or "", kw.get("password") or ""
+    auth = f"{quote(user, safe='')}:{quote(password, safe='')}@" if user or password else ""
+    scheme = "rediss+cluster" if kw.get("ssl") else "redis+cluster"
+    seeds = ",".join(f"{n.host}:{n.port}" for n in client.nodes_manager.startup_nodes.values())
+    return f"{scheme}://{auth}{seeds}"
+
+
 def get_async_engine(url: str) -> AsyncEngine:
     """The running loop's engine for `url` (call from a coroutine)."""
     engines = _ENGINES.current()
@@ -126,7 +161,7 @@ def get_async_engine(url: str) -> AsyncEngine:
     return engines[url]
 
 
-def get_async_redis(url: str) -> aredis.Redis:
+def get_async_redis(url: str) -> AsyncRedis:
     """The running loop's Redis client for `url` (call from a coroutine)."""
     clients = _REDIS.current()
     if url not in clients:
@@ -134,7 +169,7 @@ def get_async_redis(url: str) -> aredis.Redis:
     return clients[url]
 
 
-def get_async_waits_redis(url: str) -> aredis.Redis:
+def get_async_waits_redis(url: str) -> AsyncRedis:
     """The running loop's client for subscriptions (reads waiting for a turn), with a pool of
     its own: a crowd of waiting reads never takes the connections other calls need."""
     clients = _WAITS.current()

@@ -39,9 +39,10 @@ from memory_core.io.steps import (
 )
 
 if TYPE_CHECKING:
-    import redis.asyncio as aredis
     from redis.asyncio.client import PubSub as AsyncPubSub
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+    from memory_core.io.redis_kinds import AsyncRedis
 
 T = TypeVar("T")
 
@@ -49,9 +50,9 @@ T = TypeVar("T")
 @dataclass
 class AsyncIO:
     engine: AsyncEngine
-    redis: aredis.Redis
+    redis: AsyncRedis
     scripts: Mapping[str, Any]
-    waits: aredis.Redis  # subscriptions: a pool of their own, so waits never starve reads
+    waits: AsyncRedis  # subscriptions: a pool of their own, so waits never starve reads
     conn: AsyncConnection | None = None
     pubsub: AsyncPubSub | None = field(default=None, repr=False)
 

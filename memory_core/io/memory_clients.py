@@ -11,8 +11,6 @@ from __future__ import annotations
 from types import TracebackType
 from typing import Any, Self
 
-import redis.asyncio as aredis
-from redis import Redis
 from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -27,6 +25,7 @@ from memory_core.io.aio import (
 from memory_core.io.async_driver import AsyncIO
 from memory_core.io.db import get_engine
 from memory_core.io.redis_client import get_redis
+from memory_core.io.redis_kinds import AsyncRedis, SyncRedis
 from memory_core.io.sync_driver import SyncIO
 from memory_core.settings import Settings
 
@@ -35,15 +34,15 @@ class MemoryClients:
     """Owns the connections of a memory; `aclose()` / `async with` at shutdown."""
 
     settings: Settings
-    redis: Redis
+    redis: SyncRedis
     engine: Engine
 
     def _init_clients(
         self,
         s: Settings,
-        redis_client: Redis | None,
+        redis_client: SyncRedis | None,
         engine: Engine | None,
-        async_redis: aredis.Redis | None,
+        async_redis: AsyncRedis | None,
         async_engine: AsyncEngine | None,
     ) -> None:
         self.redis = redis_client if redis_client is not None else get_redis(s.redis_url)
@@ -55,7 +54,7 @@ class MemoryClients:
         self._async_database_url = (
             s.database_url if engine is None else engine.url.render_as_string(hide_password=False)
         )
-        self._async_scripts: dict[int, tuple[aredis.Redis, dict[str, Any]]] = {}
+        self._async_scripts: dict[int, tuple[AsyncRedis, dict[str, Any]]] = {}
 
     def sync_io(self) -> SyncIO:
         return SyncIO(self.engine, self.redis, self._sync_scripts())

@@ -30,9 +30,10 @@ from memory_core.io.steps import (
 )
 
 if TYPE_CHECKING:
-    import redis
     from redis.client import PubSub
     from sqlalchemy import Connection, Engine
+
+    from memory_core.io.redis_kinds import SyncRedis
 
 T = TypeVar("T")
 
@@ -40,7 +41,7 @@ T = TypeVar("T")
 @dataclass
 class SyncIO:
     engine: Engine
-    redis: redis.Redis
+    redis: SyncRedis
     scripts: Mapping[str, Any]
     conn: Connection | None = None
     pubsub: PubSub | None = field(default=None, repr=False)

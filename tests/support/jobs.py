@@ -21,6 +21,7 @@ from celery.exceptions import Reject, Retry
 from memory_core.devservices.ports import free_port
 from memory_core.fold.publisher import FINALIZE_QUEUE, FOLD_QUEUE
 from memory_core.io.redis_client import get_redis
+from memory_core.io.redis_kinds import SyncRedis
 from memory_core.settings import reset_settings_cache
 from tests.support.snapshots import make_snapshot
 from workers import tasks
@@ -70,7 +71,7 @@ def run_job(
         task.pop_request()
 
 
-def broker() -> redis.Redis:
+def broker() -> SyncRedis:
     """The broker the tasks' app publishes to (Celery reads CELERY_BROKER_URL first)."""
     return get_redis(str(tasks.app.conf.broker_url))
 
