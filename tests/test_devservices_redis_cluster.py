@@ -142,10 +142,26 @@ def test_the_command_starts_a_cluster_and_stop_ends_it(tmp_path: Path) -> None:
         [*command, "--redis-cluster"], capture_output=True, text=True, timeout=120, check=False
     )
     assert started.returncode == 0, started.stderr
-    seeds = started.stderr.split("# its seed list: redis+cluster://")[1].split()[0].split(",")
+    exports = dict(
+        line.removeprefix("export ").split("=", 1) for line in started.stdout.splitlines()
+    )
+    assert exports["REDIS_URL"].startswith("redis+cluster://")  # the copies on the cluster
+    assert exports["CELERY_BROKER_URL"].startswith("redis://")  # Celery's on one server
+    seeds = exports["REDIS_URL"].removeprefix("redis+cluster://").split(",")
     ports = [int(s.rpartition(":")[2]) for s in seeds]
     assert len(ports) == 6 and all(s.startswith("127.0.0.1:") for s in seeds)
     assert cluster_ok(ports)
     pids = [int((tmp_path / "redis-cluster" / str(p) / "redis.pid").read_text()) for p in ports]
+    # Run again with that REDIS_URL: the cluster answers, it is used, not started anew.
+    env = {**os.environ, **exports}
+    again = subprocess.run(
+        command, capture_output=True, text=True, timeout=60, env=env, check=False
+    )
+    assert again.returncode == 0, again.stderr
+    assert f"export REDIS_URL={exports['REDIS_URL']}" in again.stdout
+    assert (
+        "Redis Cluster answers at" in again.stderr
+        and "started private Redis Cluster" not in again.stderr
+    )
     stopped = subprocess.run([*command, "--stop"], capture_output=True, timeout=60, check=False)
     assert stopped.returncode == 0 and not any(alive(pid) for pid in pids)

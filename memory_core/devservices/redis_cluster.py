@@ -22,11 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import redis
+from redis.cluster import ClusterNode, RedisCluster
 
 from memory_core.devservices.poll import WaitTimeout, wait_for
 from memory_core.devservices.ports import free_port
 from memory_core.devservices.redis_server import redis_binary, stop_redis
 from memory_core.devservices.system import START_TIMEOUT_S, DevServicesError, alive, log_tail
+from memory_core.io.redis_kinds import cluster_seeds
 
 SLOTS = 16384
 HOST = "127.0.0.1"
@@ -62,6 +64,27 @@ def _node(port: int) -> redis.Redis:
 def _info(port: int, section: str) -> dict[str, object]:
     with _node(port) as client:
         return dict(client.info(section))
+
+
+def cluster_reachable(url: str) -> bool:
+    """A Redis Cluster answers at the seeds of `url` (`redis+cluster://`) with all slots
+    served; DevServicesError when it answers but refuses us (credentials)."""
+    found = cluster_seeds(url)
+    try:
+        with RedisCluster(
+            startup_nodes=[ClusterNode(h, p) for h, p in found.seeds],
+            username=found.username,
+            password=found.password,
+            ssl=found.ssl,
+            socket_connect_timeout=1,
+            socket_timeout=2,
+        ) as client:
+            return bool(client.ping()) and client.cluster_info().get("cluster_state") == "ok"
+    except (redis.AuthenticationError, redis.ResponseError) as exc:
+        where = url.rpartition("@")[2]
+        raise DevServicesError(f"a Redis Cluster answers at {where} but: {exc}") from exc
+    except (redis.RedisError, OSError):
+        return False
 
 
 def cluster_ok(ports: list[int]) -> bool:
