@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -39,72 +38,23 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from memory_core.devservices.fake_llm import FakeLLMServer
-from memory_core.devservices.ports import free_port
-from memory_core.settings import Settings, get_settings
 from tests.support.faults import (
     FaultyRedis,
-    RowLock,
-    engine_with_lock_timeout,
 )
 from tests.support.memory_model import (
-    APP,
     INJECTIONS,
-    RECENT,
-    SUMMARY_MAX_TOKENS,
-    THRESHOLD,
-    TOKEN_TRIGGER,
     MemoryMachine,
     World,
 )
+from tests.support.model_world import model_world
 from tests.support.replay import Drawn, Step, replay, step
 
 
 @pytest.fixture(scope="module")
 def world(faulty_redis: FaultyRedis) -> Iterator[World]:
-    server = faulty_redis
-    server.up()
-    database_url = get_settings().database_url
-    engine = engine_with_lock_timeout(database_url, APP, lock_timeout_ms=300)
-    base: dict[str, Any] = {
-        "database_url": database_url,
-        "redis_url": server.url,
-        # Folds are run by the test itself: publishing meets a closed port, fast.
-        "celery_broker_url": f"redis://127.0.0.1:{free_port()}/0",
-        "langfuse_public_key": None,
-        "langfuse_secret_key": None,
-        "memory_llm_timeout_s": 5.0,
-        "memory_compression_threshold": THRESHOLD,
-        "memory_max_recent_messages": RECENT,
-        "memory_fold_token_trigger": TOKEN_TRIGGER,
-        "memory_summary_max_tokens": SUMMARY_MAX_TOKENS,
-        "memory_local_cache_size": 4,
-    }
-    with FakeLLMServer() as llm:
-        world = World(
-            redis=server,
-            llm=llm,
-            settings=Settings(
-                _env_file=None,
-                openai_base_url=llm.base_url,
-                openai_api_key="sk-test",
-                **base,
-            ),
-            llm_free=Settings(
-                _env_file=None,
-                openai_base_url=None,
-                openai_api_key=None,
-                **base,
-            ),
-            engine=engine,
-            lock=RowLock(database_url),
-            dead_redis_url=f"redis://127.0.0.1:{free_port()}/0",
-        )
-        try:
-            yield world
-        finally:
-            world.lock.close()
-            engine.dispose()
+    faulty_redis.up()
+    with model_world(faulty_redis) as world:
+        yield world
 
 
 def test_memory_guarantees_hold_under_interleaved_operations_and_faults(world: World) -> None:

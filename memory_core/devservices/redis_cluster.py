@@ -123,6 +123,24 @@ def _start_node(exe: str, ndir: Path, port: int, node_timeout_ms: int) -> int:
     return bus
 
 
+def restart_node(cluster: ClusterServer, port: int) -> None:
+    """Start a node of `cluster` that was stopped (or killed) again, with its cluster state:
+    it rejoins, as a replica of whoever took its slots over."""
+    ndir = cluster.root / str(port)
+    exe, _ = redis_binary()
+    (ndir / "redis.pid").unlink(missing_ok=True)
+    proc = subprocess.run(
+        [exe, str(ndir / "redis.conf")],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=START_TIMEOUT_S,
+    )
+    if proc.returncode:
+        raise DevServicesError(f"{exe} failed ({proc.returncode}): {proc.stderr}")
+    wait_for(lambda: _answers(port), START_TIMEOUT_S, f"node {port} to answer")
+
+
 def _form(primaries: list[int], replicas: list[int], bus: dict[int, int]) -> None:
     """Slots to the primaries, every node met, each replica on its primary; until ok."""
     ports = [*primaries, *replicas]

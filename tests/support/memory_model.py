@@ -39,6 +39,7 @@ from memory_core.io.redis_client import make_redis
 from memory_core.models import ConversationThread, ThreadMessage
 from memory_core.settings import Settings
 from memory_core.tokens import count_tokens
+from tests.support.cluster_faults import FaultyCluster
 from tests.support.faults import (
     FaultyRedis,
     RowLock,
@@ -76,7 +77,7 @@ FOLD_MODES = ("ok", "ok", "llm-free", "500", "garbage", "nul", "surrogate")
 class World:
     """What outlives one example: servers, engines, settings."""
 
-    redis: FaultyRedis
+    redis: FaultyRedis | FaultyCluster
     llm: FakeLLMServer
     settings: Settings
     llm_free: Settings
