@@ -219,6 +219,30 @@ def bench_forget_cmd(
     bench_forget(settings=get_settings(), threads=threads, turns=turns, batch_size=batch_size)
 
 
+@bench_app.command("redis-cluster")
+@stops_what_it_started
+@one_line_errors
+def bench_redis_cluster_cmd(
+    threads: Annotated[int, typer.Option(min=1)] = 50,
+    turns: Annotated[int, typer.Option(min=1)] = 10,
+    reads: Annotated[int, typer.Option(min=1)] = 10,
+    data_dir: Path = Path(".agent-memory/dev-services"),
+) -> None:
+    """Saves and reads on REDIS_URL vs a private Redis Cluster, in one run."""
+    from memory_core.bench.redis_cluster_bench import bench_redis_cluster
+
+    try:
+        bench_redis_cluster(
+            settings=get_settings(),
+            data_dir=data_dir.resolve(),
+            threads=threads,
+            turns=turns,
+            reads=reads,
+        )
+    except RuntimeError as exc:  # a save that failed: the message names why
+        fail(str(exc))
+
+
 @bench_app.command("broker")
 @stops_what_it_started
 @one_line_errors
