@@ -2,6 +2,8 @@
 
 `JobLoad`: agent threads that enqueue `memory.finalize_turn` at a steady pace; a send the broker
 refuses (Redis down) is retried, as an agent would; only accepted sends count as sent.
+`EnqueueLoad`: the same through the core's `enqueue_turn`, which never raises: a publish the
+broker did not confirm is saved in-process instead (`fallbacks`).
 `InProcessAgent`: agent threads that call `save_session_to_thread_safe` directly, retry a
 `failed` outcome after a pause, and record every outcome with its time.
 """
@@ -15,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Self
 
-from memory_core import RedisConversationMemory, save_session_to_thread_safe
+from memory_core import RedisConversationMemory, enqueue_turn, save_session_to_thread_safe
 from tests.support.snapshots import make_snapshot
 from tests.support.tally import Tally
 from tests.support.workers import producer, send_finalize
@@ -95,6 +97,33 @@ class JobLoad(_AgentThreads):
                 self.tally.sent[snap["session_id"]] = tid
                 self.sent_at[snap["session_id"]] = time.monotonic()
                 self.task_sessions[task_id] = snap["session_id"]
+            self.stopping.wait(self.interval_s)
+
+
+class EnqueueLoad(_AgentThreads):
+    """`max_turns` turns per thread through `enqueue_turn(broker_url=...)`: `tally.sent` holds
+    every turn handed over; `enqueued` those the broker confirmed, `fallbacks` the others."""
+
+    def __init__(self, threads: int, interval_s: float, *, max_turns: int, broker_url: str):
+        super().__init__(threads, interval_s)
+        self.max_turns, self.broker_url = max_turns, broker_url
+        self.tally = Tally(sent={})
+        self.enqueued: dict[str, float] = {}  # session_id -> time.monotonic() of the confirm
+        self.fallbacks: dict[str, str] = {}  # session_id -> the in-process save's status
+
+    def _run(self, tid: uuid.UUID) -> None:
+        memory = RedisConversationMemory()
+        for n in range(1, self.max_turns + 1):
+            if self.stopping.is_set():
+                return
+            snap = make_snapshot(tid, n)
+            out = enqueue_turn(snap, memory=memory, broker_url=self.broker_url)
+            with self.lock:
+                self.tally.sent[snap["session_id"]] = tid
+                if out.status == "enqueued":
+                    self.enqueued[snap["session_id"]] = time.monotonic()
+                else:
+                    self.fallbacks[snap["session_id"]] = out.status
             self.stopping.wait(self.interval_s)
 
 

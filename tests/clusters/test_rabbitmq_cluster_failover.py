@@ -1,0 +1,160 @@
+"""Scenario: the RabbitMQ node leading `memory.finalize` killed -9 under load, on a 3-node cluster.
+
+The broker is a private three-node cluster (memory_core/devservices/rabbitmq_cluster.py) named
+by Celery's failover list, as a deployment names one: the worker, the core's `enqueue_turn`
+(and the fold publisher inside the worker), and the README's "enqueue from another service"
+producer all get `amqp://n1;amqp://n2;amqp://n3`. The queues are quorum queues with a member
+on every node. Half-way through 400 turns, the node leading `memory.finalize` is killed -9.
+
+Checked: every turn handed over is stored exactly once (seq 1..n in every thread), whether its
+publish was confirmed or it was retried by its caller (the snippet's producer sends again;
+`enqueue_turn` saves in-process); the same worker process goes on consuming from the
+survivors (turns enqueued after the kill land, with no restart); a survivor leads the queue;
+folds catch up. Timed: from the kill until every confirmed job landed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from memory_core.devservices.poll import wait_for
+from memory_core.devservices.rabbitmq_cluster import (
+    ClusterNode,
+    RabbitClusterServer,
+    start_rabbitmq_cluster,
+    stop_rabbitmq_cluster,
+)
+from memory_core.devservices.workers import WorkerProcess
+from memory_core.fold.publisher import reset_publishers
+from memory_core.io.queues import FINALIZE_QUEUE
+from memory_core.settings import reset_settings_cache
+from tests.support import REPO, figures
+from tests.support.agents import EnqueueLoad, JobLoad
+from tests.support.state import count_stored, folds_caught_up, landed
+from tests.support.tally import Tally, assert_gapless
+
+pytestmark = pytest.mark.timeout(300)
+
+THREADS = 4  # two through enqueue_turn, two through the README's producer
+TURNS = 100  # per thread: 400 jobs
+INTERVAL_S = 0.05  # between a thread's turns: the load outlasts the kill by seconds
+
+
+@pytest.fixture(scope="module")
+def rabbit_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitClusterServer]:
+    data_dir = tmp_path_factory.mktemp("rabbit-failover")
+    server = start_rabbitmq_cluster(data_dir)
+    yield server
+    if server.stop is not None:  # reaps the node processes this one started
+        server.stop()
+    stop_rabbitmq_cluster(data_dir)
+
+
+@pytest.fixture
+def failover_broker(
+    rabbit_cluster: RabbitClusterServer, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[str]:
+    """CELERY_BROKER_URL = the cluster's failover list, for this process and its workers."""
+    url = rabbit_cluster.failover_url
+    monkeypatch.setenv("CELERY_BROKER_URL", url)
+    reset_settings_cache()
+    reset_publishers()
+    yield url
+    monkeypatch.undo()
+    reset_settings_cache()
+    reset_publishers()
+
+
+def _leader(survivor: ClusterNode, queue: str) -> str | None:
+    rows = json.loads(survivor.ctl("list_queues", "name", "leader", "--formatter", "json"))
+    return next((row["leader"] for row in rows if row["name"] == queue), None)
+
+
+def _members(node: ClusterNode, queue: str) -> list[str]:
+    rows = json.loads(node.ctl("list_queues", "name", "members", "--formatter", "json"))
+    return sorted(next(row["members"] for row in rows if row["name"] == queue))
+
+
+def _kill(node: ClusterNode) -> None:
+    for pid in node.pids():
+        with contextlib.suppress(ProcessLookupError):  # a short-lived helper already gone
+            os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not node.pids(), 10, "the killed node's processes to go")
+
+
+def test_the_finalize_leader_killed_minus_9_loses_and_duplicates_nothing(
+    rabbit_cluster: RabbitClusterServer,
+    failover_broker: str,
+    worker_logs: Path,
+    worker_env: dict[str, str],
+) -> None:
+    env = {**worker_env, "CELERY_BROKER_URL": failover_broker, "MEMORY_FOLD_LEASE_S": "3"}
+    worker = WorkerProcess(worker_logs, env=env, cwd=REPO).start()
+    nodes = {n.node: n for n in rabbit_cluster.nodes}
+    try:
+        assert _members(rabbit_cluster.nodes[0], FINALIZE_QUEUE) == sorted(nodes)
+        # Ra elects no other leader without a fault: the victim is known before the load.
+        victim = nodes[str(_leader(rabbit_cluster.nodes[0], FINALIZE_QUEUE))]
+        survivors = [n for n in rabbit_cluster.nodes if n is not victim]
+        time.sleep(1.0)  # quorum queues declared > 0.5 s ago (PrivateRabbitMQ's caveat)
+        core = EnqueueLoad(THREADS // 2, INTERVAL_S, max_turns=TURNS, broker_url=failover_broker)
+        snippet = JobLoad(THREADS // 2, INTERVAL_S, max_turns=TURNS)
+        core.start(), snippet.start()
+        total = THREADS * TURNS
+        sent = lambda: len(core.tally.sent) + len(snippet.tally.sent)  # noqa: E731
+        wait_for(lambda: sent() >= total // 2, 120, "half the turns", worker.log)
+        confirmed_before = set(core.enqueued) | set(snippet.tally.sent)
+        at_stake = confirmed_before - landed(confirmed_before)
+        killed_at = time.monotonic()
+        _kill(victim)
+        wait_for(lambda: not core.running() and not snippet.running(), 180, "the sends")
+        confirmed = set(core.enqueued) | set(snippet.tally.sent)
+        wait_for(lambda: landed(confirmed) == confirmed, 120, "every confirmed job", worker.log)
+        landed_s = time.monotonic() - killed_at
+        new_leader = _leader(survivors[0], FINALIZE_QUEUE)
+    finally:
+        core.stop()
+        snippet.stop()
+    tids = core.tids + snippet.tids
+    wait_for(lambda: count_stored(tids) == total, 60, "every turn", worker.log)
+    wait_for(lambda: folds_caught_up(tids), 90, "folds", worker.log)
+    lost, duplicated, rows = Tally(sent={**core.tally.sent, **snippet.tally.sent}).check()
+    assert (lost, duplicated) == (0, 0)
+    assert_gapless(rows)
+    assert new_leader in {n.node for n in survivors}
+    after_kill = {sid for sid, at in core.enqueued.items() if at > killed_at}
+    after_kill |= {sid for sid, at in snippet.sent_at.items() if at > killed_at}
+    assert after_kill and landed(after_kill) == after_kill, "nothing enqueued after the kill"
+    assert worker.alive(), "the worker must consume from the survivors without a restart"
+    worker.stop(30)
+    raised = len(core.fallbacks) + snippet.send_failures
+    figures.record(
+        "outage.8.rabbitmq-cluster",
+        scenario="the RabbitMQ node leading memory.finalize killed -9 (3-node cluster)",
+        jobs=total,
+        faults=(
+            f"kill -9 half-way, {len(at_stake)} confirmed jobs not landed at the kill; "
+            f"{len(core.fallbacks)} enqueue_turn publishes unconfirmed and saved in-process, "
+            f"{snippet.send_failures} producer sends raised and were sent again"
+        ),
+        lost=lost,
+        duplicated=duplicated,
+        recover_s=landed_s,
+        recover=f"{landed_s:.1f} s from the kill until every confirmed job landed",
+        checked=(
+            f"{THREADS} threads x {TURNS} turns over Celery's failover list, half through "
+            "enqueue_turn, half through the README's producer; every turn stored once, seq 1..n, "
+            "folds caught up; the same worker consumed from the survivors"
+        ),
+        send_failures=raised,
+        confirmed=len(confirmed),
+        after_kill=len(after_kill),
+    )
