@@ -15,10 +15,7 @@ folds catch up. Timed: from the kill until every confirmed job landed.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -83,13 +80,6 @@ def _members(node: ClusterNode, queue: str) -> list[str]:
     return sorted(next(row["members"] for row in rows if row["name"] == queue))
 
 
-def _kill(node: ClusterNode) -> None:
-    for pid in node.pids():
-        with contextlib.suppress(ProcessLookupError):  # a short-lived helper already gone
-            os.kill(pid, signal.SIGKILL)
-    wait_for(lambda: not node.pids(), 10, "the killed node's processes to go")
-
-
 def test_the_finalize_leader_killed_minus_9_loses_and_duplicates_nothing(
     rabbit_cluster: RabbitClusterServer,
     failover_broker: str,
@@ -99,14 +89,14 @@ def test_the_finalize_leader_killed_minus_9_loses_and_duplicates_nothing(
     env = {**worker_env, "CELERY_BROKER_URL": failover_broker, "MEMORY_FOLD_LEASE_S": "3"}
     worker = WorkerProcess(worker_logs, env=env, cwd=REPO).start()
     nodes = {n.node: n for n in rabbit_cluster.nodes}
+    core = EnqueueLoad(THREADS // 2, INTERVAL_S, max_turns=TURNS, broker_url=failover_broker)
+    snippet = JobLoad(THREADS // 2, INTERVAL_S, max_turns=TURNS)
     try:
         assert _members(rabbit_cluster.nodes[0], FINALIZE_QUEUE) == sorted(nodes)
         # Ra elects no other leader without a fault: the victim is known before the load.
         victim = nodes[str(_leader(rabbit_cluster.nodes[0], FINALIZE_QUEUE))]
         survivors = [n for n in rabbit_cluster.nodes if n is not victim]
         time.sleep(1.0)  # quorum queues declared > 0.5 s ago (PrivateRabbitMQ's caveat)
-        core = EnqueueLoad(THREADS // 2, INTERVAL_S, max_turns=TURNS, broker_url=failover_broker)
-        snippet = JobLoad(THREADS // 2, INTERVAL_S, max_turns=TURNS)
         core.start(), snippet.start()
         total = THREADS * TURNS
         sent = lambda: len(core.tally.sent) + len(snippet.tally.sent)  # noqa: E731
@@ -114,7 +104,7 @@ def test_the_finalize_leader_killed_minus_9_loses_and_duplicates_nothing(
         confirmed_before = set(core.enqueued) | set(snippet.tally.sent)
         at_stake = confirmed_before - landed(confirmed_before)
         killed_at = time.monotonic()
-        _kill(victim)
+        victim.kill()  # SIGKILL to every process of the node, then reaped
         wait_for(lambda: not core.running() and not snippet.running(), 180, "the sends")
         confirmed = set(core.enqueued) | set(snippet.tally.sent)
         wait_for(lambda: landed(confirmed) == confirmed, 120, "every confirmed job", worker.log)

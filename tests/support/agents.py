@@ -51,7 +51,8 @@ class _AgentThreads:
     def stop(self) -> None:
         self.stopping.set()
         for t in self.threads:
-            t.join(self.join_s)
+            if t.ident is not None:  # started: a load stopped before its start has none to join
+                t.join(self.join_s)
 
 
 class JobLoad(_AgentThreads):
