@@ -1,8 +1,9 @@
 """memory_core.devservices.rabbitmq_cluster: a private RabbitMQ cluster of three local nodes.
 
 One cluster for the module, the tests in file order: its shape (one cluster of three running
-nodes, loopback only), reuse of a running one, quorum queue membership, a node killed -9 with
-the two others serving through Celery's failover URL, and a stop that leaves no node running.
+nodes, loopback only), reuse of a running one, quorum queue membership, the command's export of
+the failover list, the demo's vhost of its own on it, a node killed -9 with the two others
+serving through Celery's failover URL, and a stop that leaves no node running.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +21,8 @@ import pytest
 from kombu import Connection
 
 from memory_core.devservices.poll import wait_for
+from memory_core.devservices.ports import free_port
+from memory_core.devservices.private_broker import create_vhost
 from memory_core.devservices.rabbitmq import rabbitmq_reachable
 from memory_core.devservices.rabbitmq_cluster import (
     STATE_FILE,
@@ -25,7 +30,7 @@ from memory_core.devservices.rabbitmq_cluster import (
     start_rabbitmq_cluster,
     stop_rabbitmq_cluster,
 )
-from memory_core.devservices.system import alive
+from memory_core.devservices.system import DevServicesError, alive
 
 pytestmark = pytest.mark.workers  # private RabbitMQ nodes
 QUORUM = {"x-queue-type": "quorum"}
@@ -111,6 +116,62 @@ def test_a_quorum_queue_gets_a_member_on_every_node(cluster: RabbitClusterServer
     members = _members(cluster)
     assert members["am.cluster.everywhere"] == sorted(cluster.names)
     assert len(members["am.cluster.two"]) == 2 and cluster.names[1] in members["am.cluster.two"]
+
+
+def test_the_command_exports_the_failover_list(
+    data_dir: Path, cluster: RabbitClusterServer
+) -> None:
+    """`python -m memory_core.devservices --rabbitmq-cluster`: the broker URL is the running
+    cluster's failover list (reused, not started anew)."""
+    started = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "memory_core.devservices",
+            "--data-dir",
+            str(data_dir),
+            "--rabbitmq-cluster",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert started.returncode == 0, started.stderr
+    exports = dict(
+        line.removeprefix("export ").split("=", 1) for line in started.stdout.splitlines()
+    )
+    assert exports["CELERY_BROKER_URL"].strip("'") == cluster.failover_url
+    assert "already running" in started.stderr
+    assert cluster.pids() == start_rabbitmq_cluster(data_dir).pids()
+
+
+def test_the_demo_gets_a_vhost_of_its_own_on_the_cluster(
+    data_dir: Path, cluster: RabbitClusterServer
+) -> None:
+    broker = create_vhost(cluster.failover_url, "t1", search=data_dir.parent)
+    name = "agent_memory_demo_t1"
+    urls = broker.url.split(";")
+    assert len(urls) == 3 and all(url.endswith(f"/{name}") for url in urls)
+    for url in urls:  # a vhost is the cluster's: every node serves it
+        with Connection(url, connect_timeout=5) as conn:
+            conn.ensure_connection(max_retries=1)
+    _declare(urls[2], "am.cluster.demo")
+    rows = cluster.nodes[0].ctl("list_queues", "-p", name, "name", "--formatter", "json")
+    assert [row["name"] for row in json.loads(rows)] == ["am.cluster.demo"]
+    with pytest.raises(DevServicesError, match="exists already"):
+        create_vhost(cluster.failover_url, "t1", search=data_dir.parent)
+    assert broker.release() == f"deleted vhost {name}"
+    assert name not in cluster.nodes[1].ctl("list_vhosts", "--no-table-headers", "name").split()
+
+
+def test_a_failover_list_of_no_private_cluster_is_refused(data_dir: Path) -> None:
+    stray = ";".join(f"amqp://guest:guest@127.0.0.1:{free_port()}//" for _ in range(3))
+    with pytest.raises(DevServicesError, match="--rabbitmq-cluster"):
+        create_vhost(stray, "t2", search=data_dir.parent)
+    remote = "amqp://u:p@rabbit-1.example//;amqp://u:p@rabbit-2.example//"
+    with pytest.raises(DevServicesError, match="failover list"):
+        create_vhost(remote, "t2", search=data_dir.parent)
 
 
 def test_a_node_killed_minus_9_leaves_the_two_others_serving(

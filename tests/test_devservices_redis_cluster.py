@@ -21,7 +21,9 @@ from redis.backoff import ExponentialBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.retry import Retry
 
+from memory_core.devservices import ensure_services
 from memory_core.devservices.poll import wait_for
+from memory_core.devservices.ports import free_port
 from memory_core.devservices.redis_cluster import (
     HOST,
     SLOTS,
@@ -31,7 +33,8 @@ from memory_core.devservices.redis_cluster import (
     start_redis_cluster,
     stop_redis_cluster,
 )
-from memory_core.devservices.system import alive
+from memory_core.devservices.system import DevServicesError, alive
+from memory_core.settings import get_settings
 
 pytestmark = pytest.mark.workers  # private servers, as the RabbitMQ node tests
 NODE_TIMEOUT_MS = 1000  # a replica takes over about this long after its primary stops
@@ -104,6 +107,19 @@ def test_a_running_cluster_is_reused_not_restarted(data_dir: Path, cluster: Clus
     assert again.stop is None and again.ports == cluster.ports
     assert "already running" in again.note
     assert [again.pid(p) for p in again.ports] == [cluster.pid(p) for p in cluster.ports]
+
+
+def test_ensure_services_keeps_a_cluster_url_and_refuses_a_dead_one(
+    tmp_path: Path, cluster: ClusterServer
+) -> None:
+    """A `redis+cluster://` REDIS_URL is a choice: kept when the cluster answers (the demo
+    then runs on it), one line naming the fix when it does not, never a private stand-in."""
+    database_url = get_settings().database_url
+    services = ensure_services(database_url, cluster.url, tmp_path)
+    assert services.redis_url == cluster.url and not services.started
+    dead = f"redis+cluster://127.0.0.1:{free_port()}"
+    with pytest.raises(DevServicesError, match=r"does not answer .*--redis-cluster"):
+        ensure_services(database_url, dead, tmp_path)
 
 
 def test_a_primary_killed_minus_9_hands_its_slots_to_its_replica(cluster: ClusterServer) -> None:

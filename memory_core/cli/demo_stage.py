@@ -190,7 +190,7 @@ class Stage:
         why = "CELERY_BROKER_URL" if explicit else f"db {BROKER_DB} of REDIS_URL's server"
         try:
             if is_amqp(url):
-                return create_vhost(url, self.run_id)
+                return create_vhost(url, self.run_id, search=self.data_dir.parent)
             return claim_redis_db(url, self.run_id, why)
         except DevServicesError as exc:
             raise DemoError(str(exc)) from None

@@ -14,9 +14,10 @@ import redis
 from memory_core.write.snapshot import can_own
 
 # Anything Redis can answer with instead of data: unreachable, timeouts, out of memory under
-# `noeviction`, READONLY after a failover, other error replies. None of them may fail a read
+# `noeviction`, READONLY after a failover, other error replies, a Redis Cluster none of whose
+# nodes answers (redis-py's cluster errors are not RedisErrors). None of them may fail a read
 # (served from Postgres) or a write whose turn is already committed.
-CACHE_ERRORS = (redis.RedisError, OSError)
+CACHE_ERRORS = (redis.RedisError, redis.exceptions.RedisClusterException, OSError)
 REDIS_ERRORS = CACHE_ERRORS  # the older name
 
 

@@ -11,6 +11,7 @@ what it started running (`--stop` stops it).
 
 The modules, one job each: `postgres` and `redis_server` (reach or start each server),
 `redis_cluster` (a private Redis Cluster of six local nodes, `--redis-cluster`),
+`rabbitmq_cluster` (a private three-node RabbitMQ cluster, `--rabbitmq-cluster`),
 `system` (users, locks, liveness), `signals` (a command ends what it started on SIGTERM,
 SIGINT and SIGHUP), `private_broker` (the demo's own vhost or Redis database), `workers`
 (Celery worker subprocesses), `fake_llm` (a local OpenAI-compatible server), `poll` (wait
@@ -34,10 +35,12 @@ from memory_core.devservices.postgres import (
     start_postgres,
     stop_postgres,
 )
-from memory_core.devservices.redis_cluster import stop_redis_cluster
+from memory_core.devservices.rabbitmq_cluster import stop_rabbitmq_cluster
+from memory_core.devservices.redis_cluster import cluster_reachable, stop_redis_cluster
 from memory_core.devservices.redis_server import redis_reachable, start_redis, stop_redis
 from memory_core.devservices.signals import deferred
 from memory_core.devservices.system import DevServicesError, locked
+from memory_core.io.redis_kinds import is_cluster_url
 
 __all__ = [
     "DevServices",
@@ -105,7 +108,14 @@ def ensure_services(
             if dbname and create_database(services.database_url, dbname):
                 services.notes.append(f"created database {dbname}")
             services.redis_url = redis_url
-            if not redis_reachable(redis_url):
+            if is_cluster_url(redis_url):
+                # Never replaced by a private one: a cluster URL is a deliberate choice.
+                if not cluster_reachable(redis_url):
+                    raise DevServicesError(
+                        f"the Redis Cluster at {redis_url.rpartition('@')[2]} does not answer "
+                        "(python -m memory_core.devservices --redis-cluster starts one)"
+                    )
+            elif not redis_reachable(redis_url):
                 with deferred():
                     rs = start_redis(data_dir)
                     services._record(rs.note, rs.stop)
@@ -126,3 +136,4 @@ def stop_private(data_dir: Path) -> None:
     stop_postgres(data_dir)
     stop_redis(data_dir / "redis")
     stop_redis_cluster(data_dir)
+    stop_rabbitmq_cluster(data_dir)

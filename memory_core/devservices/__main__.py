@@ -1,4 +1,5 @@
-"""`python -m memory_core.devservices`: find or start PostgreSQL and Redis, print exports."""
+"""`python -m memory_core.devservices`: find or start PostgreSQL and Redis (and on request a
+Redis Cluster and a RabbitMQ cluster), print exports."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from memory_core.devservices import DevServicesError, ensure_services, stop_private
+from memory_core.devservices.rabbitmq_cluster import start_rabbitmq_cluster
 from memory_core.devservices.redis_cluster import cluster_reachable, start_redis_cluster
 from memory_core.io.redis_kinds import is_cluster_url
 
@@ -29,6 +31,12 @@ def main(argv: list[str] | None = None) -> int:
         help="REDIS_URL: a private Redis Cluster (3 primaries, 3 replicas, loopback only); "
         "CELERY_BROKER_URL stays on one Redis server",
     )
+    parser.add_argument(
+        "--rabbitmq-cluster",
+        action="store_true",
+        help="CELERY_BROKER_URL: a private 3-node RabbitMQ cluster (loopback only), as "
+        "Celery's failover list",
+    )
     args = parser.parse_args(argv)
     if args.stop:
         stop_private(args.data_dir)
@@ -43,9 +51,13 @@ def main(argv: list[str] | None = None) -> int:
         services = ensure_services(
             settings.database_url, single, args.data_dir, database_name=args.database
         )
-        redis_url = services.redis_url
+        redis_url = broker_url = services.redis_url
         if wants_cluster:
             redis_url = _cluster(settings.redis_url, args.data_dir)
+        if args.rabbitmq_cluster:
+            rabbit = start_rabbitmq_cluster(args.data_dir.resolve())
+            print(f"# {rabbit.note}", file=sys.stderr)
+            broker_url = rabbit.failover_url
     except DevServicesError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -53,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"# {line}", file=sys.stderr)
     print(f"export DATABASE_URL={shlex.quote(services.database_url)}")
     print(f"export REDIS_URL={shlex.quote(redis_url)}")
-    print(f"export CELERY_BROKER_URL={shlex.quote(services.redis_url)}")
+    print(f"export CELERY_BROKER_URL={shlex.quote(broker_url)}")
     return 0
 
 

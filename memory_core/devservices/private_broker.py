@@ -1,7 +1,9 @@
 """A broker of a command's own (the demo's, the eval's): never one that agents may use.
 
 * RabbitMQ: a vhost this run creates (it must not exist before) on the URL's node, through the
-  local node's rabbitmqctl; `release()` deletes it with all it holds.
+  local node's rabbitmqctl; `release()` deletes it with all it holds. A failover list
+  (`amqp://...;amqp://...`) must name a private cluster of `devservices.rabbitmq_cluster` (its
+  node 1's rabbitmqctl makes the vhost, which every node then serves).
 * Redis: a database this run proves empty and claims in one step (a Lua script: DBSIZE is 0,
   then SET of a claim key naming the run); `release()` empties it only while the claim is
   still this run's. A database that is not empty is refused, whoever filled it.
@@ -13,7 +15,9 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import redis
@@ -24,7 +28,9 @@ from memory_core.devservices.rabbitmq import (
     drop_vhost,
     rabbitmq_reachable,
     test_vhost,
+    with_vhost,
 )
+from memory_core.devservices.rabbitmq_cluster import private_cluster_of
 from memory_core.devservices.system import DevServicesError
 
 CLAIM_KEY = "agent-memory:private-broker:claim"
@@ -59,6 +65,7 @@ class PrivateBroker:
     why: str  # for the user: which broker this is and why it is the run's own
     vhost: str | None = None
     claim: str | None = None
+    rabbitmqctl: Sequence[str] = ()  # the command that reaches the vhost's node
     released: bool = field(default=False)
 
     def release(self) -> str:
@@ -66,7 +73,7 @@ class PrivateBroker:
         if self.released:
             return "released"
         if self.vhost is not None:
-            drop_vhost(self.vhost)
+            drop_vhost(self.vhost, rabbitmqctl=self.rabbitmqctl)
             self.released = True
             return f"deleted vhost {self.vhost}"
         client = redis.Redis.from_url(self.url, socket_connect_timeout=2, socket_timeout=10)
@@ -101,8 +108,11 @@ def claim_redis_db(url: str, run_id: str, why: str) -> PrivateBroker:
     )
 
 
-def create_vhost(url: str, run_id: str) -> PrivateBroker:
-    """A new vhost for `run_id` on the local RabbitMQ node behind `url`; else DevServicesError."""
+def create_vhost(url: str, run_id: str, *, search: Path | None = None) -> PrivateBroker:
+    """A new vhost for `run_id` on the local RabbitMQ node behind `url`, or on the private
+    cluster under `search` that a failover list names; else DevServicesError."""
+    if ";" in url:
+        return _cluster_vhost(url, run_id, search)
     host = urlsplit(url).hostname or ""
     if host not in LOCAL_HOSTS:
         raise DevServicesError(
@@ -124,3 +134,21 @@ def create_vhost(url: str, run_id: str) -> PrivateBroker:
             f"{exc}: the local rabbitmqctl reaches another node than CELERY_BROKER_URL"
         ) from None
     return broker
+
+
+def _cluster_vhost(url: str, run_id: str, search: Path | None) -> PrivateBroker:
+    cluster = private_cluster_of(url, search) if search is not None else None
+    if cluster is None:
+        raise DevServicesError(
+            "CELERY_BROKER_URL is a failover list, and the demo runs only on a vhost of its own: "
+            "it makes one on a private cluster of `python -m memory_core.devservices "
+            "--rabbitmq-cluster` only, and these nodes are not one that is running"
+        )
+    ctl = cluster.nodes[0].rabbitmqctl
+    name = f"agent_memory_demo_{run_id}"
+    if name in _rabbitmqctl(["list_vhosts", "--no-table-headers", "name"], ctl).split():
+        raise DevServicesError(f"RabbitMQ vhost {name} exists already: not this run's")
+    first, *rest = url.split(";")
+    own = ";".join([test_vhost(first, name, rabbitmqctl=ctl), *(with_vhost(u, name) for u in rest)])
+    why = f"vhost {name} on a private {len(cluster.nodes)}-node cluster, deleted at the end"
+    return PrivateBroker(own, why, vhost=name, rabbitmqctl=tuple(ctl))

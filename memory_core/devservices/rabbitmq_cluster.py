@@ -33,6 +33,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from memory_core.devservices.poll import WaitTimeout, wait_for
 from memory_core.devservices.ports import free_port
@@ -199,6 +200,20 @@ def start_rabbitmq_cluster(data_dir: Path, nodes: int = 3) -> RabbitClusterServe
         f"{_ports(cluster.nodes)} in {cluster.start_s:.1f}s (dir {root})"
     )
     return cluster
+
+
+def private_cluster_of(failover_url: str, search: Path) -> RabbitClusterServer | None:
+    """The healthy private cluster recorded under `search` (in any `*/rabbitmq-cluster`
+    folder of it) whose nodes are every host of `failover_url`; None if there is none."""
+    parts = [urlsplit(url) for url in failover_url.split(";")]
+    if not all(p.hostname in (HOST, "localhost") and p.port for p in parts):
+        return None
+    wanted = {p.port for p in parts}
+    for state in sorted(search.glob(f"*/rabbitmq-cluster/{STATE_FILE}")):
+        nodes = _load(state.parent)
+        if nodes and wanted <= {n.port for n in nodes} and cluster_healthy(nodes):
+            return RabbitClusterServer(nodes, state.parent, f"private cluster in {state.parent}")
+    return None
 
 
 def _ports(nodes: list[ClusterNode]) -> str:

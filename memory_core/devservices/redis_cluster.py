@@ -83,7 +83,8 @@ def cluster_reachable(url: str) -> bool:
     except (redis.AuthenticationError, redis.ResponseError) as exc:
         where = url.rpartition("@")[2]
         raise DevServicesError(f"a Redis Cluster answers at {where} but: {exc}") from exc
-    except (redis.RedisError, OSError):
+    except (redis.RedisError, redis.exceptions.RedisClusterException, OSError):
+        # No seed answering is RedisClusterUnreachableError, which is not a RedisError.
         return False
 
 

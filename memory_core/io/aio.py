@@ -35,7 +35,7 @@ from redis.cluster import RedisCluster
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from memory_core.io.redis_kinds import AsyncRedis, cluster_seeds, is_cluster_url
+from memory_core.io.redis_kinds import AsyncRedis, cluster_seeds, cluster_startup, is_cluster_url
 
 T = TypeVar("T")
 ASYNC_DRIVER = "postgresql+psycopg"
@@ -145,11 +145,11 @@ def redis_url_of(client: Any) -> str:
 
 
 def _cluster_url_of(client: RedisCluster) -> str:
-    kw = client.nodes_manager.connection_kwargs
+    nodes, kw = cluster_startup(client)
     user, password = kw.get("username") or "", kw.get("password") or ""
     auth = f"{quote(user, safe='')}:{quote(password, safe='')}@" if user or password else ""
     scheme = "rediss+cluster" if kw.get("ssl") else "redis+cluster"
-    seeds = ",".join(f"{n.host}:{n.port}" for n in client.nodes_manager.startup_nodes.values())
+    seeds = ",".join(f"{host}:{port}" for host, port in nodes)
     return f"{scheme}://{auth}{seeds}"
 
 

@@ -12,10 +12,15 @@ from __future__ import annotations
 
 import redis
 from redis.backoff import NoBackoff
-from redis.cluster import ClusterNode, RedisCluster
+from redis.cluster import ClusterNode
 from redis.retry import Retry
 
-from memory_core.io.redis_kinds import SyncRedis, cluster_seeds, is_cluster_url
+from memory_core.io.redis_kinds import (
+    DeferredRedisCluster,
+    SyncRedis,
+    cluster_seeds,
+    is_cluster_url,
+)
 from memory_core.settings import get_settings
 
 _CLIENTS: dict[str, SyncRedis] = {}
@@ -28,7 +33,7 @@ def make_redis(url: str, *, socket_timeout: float = 2.0) -> SyncRedis:
     retry = Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,))
     if is_cluster_url(url):
         found = cluster_seeds(url)
-        return RedisCluster(
+        return DeferredRedisCluster(
             startup_nodes=[ClusterNode(host, port) for host, port in found.seeds],
             socket_connect_timeout=1.0,
             socket_timeout=socket_timeout,
