@@ -134,3 +134,13 @@ def test_events_tail_plain_and_with_a_group(redis_client: redis.Redis) -> None:
     again = run("events", "tail", "--group", "ops", "--consumer", "c1", env=env)
     assert again.returncode == 0 and tid not in again.stdout  # acked: not delivered twice
     redis_client.delete(stream)
+
+
+def test_a_failover_broker_list_is_shown_node_by_node_without_its_passwords() -> None:
+    from memory_core.cli.errors import safe_url
+
+    nodes = [f"amqp://guest:s3cret@127.0.0.1:{port}/agent_memory_demo_x" for port in (1, 2, 3)]
+    shown = safe_url(";".join(nodes))
+    assert "s3cret" not in shown and "%3B" not in shown
+    assert shown.split(";") == [safe_url(node) for node in nodes]
+    assert [part.rsplit("/", 1)[-1] for part in shown.split(";")] == ["agent_memory_demo_x"] * 3

@@ -76,8 +76,11 @@ def stops_what_it_started(fn: F) -> F:
 
 
 def safe_url(url: str) -> str:
+    """`url` with its password hidden; each URL of a failover list (`a;b;c`) on its own."""
     from sqlalchemy.engine import make_url
 
+    if ";" in url:
+        return ";".join(safe_url(part) for part in url.split(";"))
     try:
         return make_url(url).render_as_string(hide_password=True)
     except Exception:

@@ -3,8 +3,10 @@
 The broker is a private three-node cluster (memory_core/devservices/rabbitmq_cluster.py) named
 by Celery's failover list, as a deployment names one: the worker, the core's `enqueue_turn`
 (and the fold publisher inside the worker), and the README's "enqueue from another service"
-producer all get `amqp://n1;amqp://n2;amqp://n3`. The queues are quorum queues with a member
-on every node. Half-way through 400 turns, the node leading `memory.finalize` is killed -9.
+producer all get `amqp://n1;amqp://n2;amqp://n3`. REDIS_URL names a private Redis Cluster
+(`redis+cluster://` seeds), so every process runs as a deployment past one machine does. First
+the demo plays on both clusters; then, half-way through 400 turns, the node leading
+`memory.finalize` is killed -9 (the demo goes first: the kill leaves two nodes).
 
 Checked: every turn handed over is stored exactly once (seq 1..n in every thread), whether its
 publish was confirmed or it was retried by its caller (the snippet's producer sends again;
@@ -16,6 +18,10 @@ folds catch up. Timed: from the kill until every confirmed job landed.
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +35,7 @@ from memory_core.devservices.rabbitmq_cluster import (
     start_rabbitmq_cluster,
     stop_rabbitmq_cluster,
 )
+from memory_core.devservices.redis_cluster import ClusterServer
 from memory_core.devservices.workers import WorkerProcess
 from memory_core.fold.publisher import reset_publishers
 from memory_core.io.queues import FINALIZE_QUEUE
@@ -47,7 +54,9 @@ INTERVAL_S = 0.05  # between a thread's turns: the load outlasts the kill by sec
 
 @pytest.fixture(scope="module")
 def rabbit_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitClusterServer]:
-    data_dir = tmp_path_factory.mktemp("rabbit-failover")
+    # Laid out as `python -m memory_core.devservices` lays it out under a checkout, so that the
+    # demo run from that folder finds the cluster and makes its vhost there.
+    data_dir = tmp_path_factory.mktemp("rabbit-failover") / ".agent-memory" / "dev-services"
     server = start_rabbitmq_cluster(data_dir)
     yield server
     if server.stop is not None:  # reaps the node processes this one started
@@ -57,17 +66,25 @@ def rabbit_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitC
 
 @pytest.fixture
 def failover_broker(
-    rabbit_cluster: RabbitClusterServer, monkeypatch: pytest.MonkeyPatch
+    rabbit_cluster: RabbitClusterServer,
+    redis_cluster: ClusterServer,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> Iterator[str]:
-    """CELERY_BROKER_URL = the cluster's failover list, for this process and its workers."""
+    """CELERY_BROKER_URL = the cluster's failover list and REDIS_URL = the Redis Cluster's
+    seeds, for this process and its workers: the shape of a deployment past one machine."""
     url = rabbit_cluster.failover_url
     monkeypatch.setenv("CELERY_BROKER_URL", url)
+    monkeypatch.setenv("REDIS_URL", redis_cluster.url)
     reset_settings_cache()
     reset_publishers()
     yield url
     monkeypatch.undo()
     reset_settings_cache()
     reset_publishers()
+
+
+def _cluster_urls() -> dict[str, str]:
+    return {name: os.environ[name] for name in ("CELERY_BROKER_URL", "REDIS_URL")}
 
 
 def _leader(survivor: ClusterNode, queue: str) -> str | None:
@@ -80,13 +97,44 @@ def _members(node: ClusterNode, queue: str) -> list[str]:
     return sorted(next(row["members"] for row in rows if row["name"] == queue))
 
 
+@pytest.mark.slow
+def test_the_demo_plays_on_a_redis_cluster_and_a_three_node_failover_broker(
+    rabbit_cluster: RabbitClusterServer, failover_broker: str, redis_cluster: ClusterServer
+) -> None:
+    env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": str(REPO)}
+    env.pop("MEMORY_SUMMARY_MAX_TOKENS", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "memory_core.cli", "demo"],
+        cwd=rabbit_cluster.root.parents[2],  # where its .agent-memory/ holds the cluster
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    out = proc.stdout
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{out[-6000:]}\n{proc.stderr[-3000:]}"
+    assert f"using Redis at {redis_cluster.url}" in out
+    vhost = re.search(r"vhost (agent_memory_demo_\w+) on a private 3-node cluster", out)
+    assert vhost, out[:3000]
+    broker_line = out[out.index("Celery broker:") : out.index("on a private 3-node")]
+    assert [f":{port}/{vhost[1]}" in broker_line for port in rabbit_cluster.ports] == [True] * 3
+    assert "guest:guest" not in broker_line  # each node's password hidden
+    folds = re.findall(r"turn (\d+): fold (\d) folded turns (\d+)-(\d+)", out)
+    assert folds == [("21", "1", "1", "11"), ("32", "2", "12", "22"), ("43", "3", "23", "33")]
+    assert "rehydrated from Postgres: identical" in out
+    assert "no turn was lost: 21/21 rows in thread_messages, 21 turns" in out
+    assert f"broker: deleted vhost {vhost[1]}" in out
+    assert vhost[1] not in rabbit_cluster.nodes[0].ctl("list_vhosts", "--no-table-headers")
+
+
 def test_the_finalize_leader_killed_minus_9_loses_and_duplicates_nothing(
     rabbit_cluster: RabbitClusterServer,
     failover_broker: str,
     worker_logs: Path,
     worker_env: dict[str, str],
 ) -> None:
-    env = {**worker_env, "CELERY_BROKER_URL": failover_broker, "MEMORY_FOLD_LEASE_S": "3"}
+    env = {**worker_env, **_cluster_urls(), "MEMORY_FOLD_LEASE_S": "3"}
     worker = WorkerProcess(worker_logs, env=env, cwd=REPO).start()
     nodes = {n.node: n for n in rabbit_cluster.nodes}
     core = EnqueueLoad(THREADS // 2, INTERVAL_S, max_turns=TURNS, broker_url=failover_broker)
@@ -142,7 +190,8 @@ def test_the_finalize_leader_killed_minus_9_loses_and_duplicates_nothing(
         checked=(
             f"{THREADS} threads x {TURNS} turns over Celery's failover list, half through "
             "enqueue_turn, half through the README's producer; every turn stored once, seq 1..n, "
-            "folds caught up; the same worker consumed from the survivors"
+            "folds caught up; the same worker consumed from the survivors; REDIS_URL a "
+            "6-node Redis Cluster"
         ),
         send_failures=raised,
         confirmed=len(confirmed),
