@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 import subprocess
+import uuid
 
 import pytest
 import redis
@@ -150,3 +151,34 @@ def test_bench_workers_on_rabbitmq_beside_redis() -> None:
     assert broker.dbsize() == 0
     broker.close()
     _assert_nothing_left(settings.database_url)
+
+
+def test_a_failover_list_as_broker_runs_on_its_vhost_on_every_node_and_is_purged() -> None:
+    """`--broker-url 'amqp://n1/v;amqp://n2/v'` (a cluster's failover list, as deployed): no
+    throwaway vhost (rabbitmqctl here manages the machine's node only), the URL's own vhost,
+    no credentials shown, its queues emptied at the end. Both entries name the machine's node,
+    so the list is one a kombu client fails over within."""
+    if not os.path.exists(RABBITMQCTL):
+        pytest.skip("rabbitmqctl not found: the test makes a vhost on the local node")
+    from memory_core.bench.broker_adapters import RabbitBroker, render_envelopes
+    from memory_core.devservices.rabbitmq import drop_vhost, test_vhost
+    from memory_core.io.queues import FINALIZE_TASK
+
+    name = f"agent_memory_test_failover_{uuid.uuid4().hex[:8]}"
+    node = test_vhost(ensure_rabbitmq(os.environ.get("MEMORY_TEST_RABBITMQ_URL")), name)
+    try:
+        broker = RabbitBroker(f"{node};{node}", "t")
+        try:
+            assert broker.vhost is None  # no throwaway vhost for a list
+            assert "guest:guest" not in broker.where and broker.where.count(name) == 2
+            broker.publish(broker.render(render_envelopes(FINALIZE_TASK, [{"n": 1}, {"n": 2}])))
+            assert broker.ready() == 2
+        finally:
+            broker.close()
+        again = RabbitBroker(f"{node};{node}", "t")
+        try:
+            assert again.ready() == 0  # purged by close()
+        finally:
+            again.close()
+    finally:
+        drop_vhost(name)

@@ -141,11 +141,13 @@ class RabbitBroker:
     kind = "rabbitmq"
 
     def __init__(self, url: str, tag: str) -> None:
-        parts = urlsplit(url)
+        parts = urlsplit(url.split(";", maxsplit=1)[0])  # a failover list: its first node decides
+        failover = ";" in url
         self.vhost: str | None = None
         self.where = without_credentials(url)
         self.conn: Any = None
         local = parts.hostname in LOCAL_HOSTS and (parts.port or RABBITMQ_PORT) == RABBITMQ_PORT
+        local = local and not failover  # the URL's vhost on every node, purged at the end
         if local and _rabbitmqctl() is not None:  # the machine's node: a vhost of our own
             self.vhost = f"agent_memory_benchw_{tag}"
             url = test_vhost(url, self.vhost)

@@ -119,10 +119,7 @@ def create_vhost(url: str, run_id: str, *, search: Path | None = None) -> Privat
             f"the demo runs on a RabbitMQ vhost of its own, made with rabbitmqctl on the local "
             f"node; {host} is not local: unset CELERY_BROKER_URL (the demo then uses Redis)"
         )
-    name = f"agent_memory_demo_{run_id}"
-    existing = _rabbitmqctl(["list_vhosts", "--no-table-headers", "name"]).split()
-    if name in existing:
-        raise DevServicesError(f"RabbitMQ vhost {name} exists already: not this run's")
+    name = _new_vhost_name(run_id)
     own = test_vhost(url, name)
     broker = PrivateBroker(own, f"vhost {name} made for this run, deleted at the end", vhost=name)
     try:
@@ -136,6 +133,14 @@ def create_vhost(url: str, run_id: str, *, search: Path | None = None) -> Privat
     return broker
 
 
+def _new_vhost_name(run_id: str, ctl: Sequence[str] = ()) -> str:
+    """The run's vhost name, refused if the node (`ctl`: its rabbitmqctl) has it already."""
+    name = f"agent_memory_demo_{run_id}"
+    if name in _rabbitmqctl(["list_vhosts", "--no-table-headers", "name"], ctl).split():
+        raise DevServicesError(f"RabbitMQ vhost {name} exists already: not this run's")
+    return name
+
+
 def _cluster_vhost(url: str, run_id: str, search: Path | None) -> PrivateBroker:
     cluster = private_cluster_of(url, search) if search is not None else None
     if cluster is None:
@@ -145,9 +150,7 @@ def _cluster_vhost(url: str, run_id: str, search: Path | None) -> PrivateBroker:
             "--rabbitmq-cluster` only, and these nodes are not one that is running"
         )
     ctl = cluster.nodes[0].rabbitmqctl
-    name = f"agent_memory_demo_{run_id}"
-    if name in _rabbitmqctl(["list_vhosts", "--no-table-headers", "name"], ctl).split():
-        raise DevServicesError(f"RabbitMQ vhost {name} exists already: not this run's")
+    name = _new_vhost_name(run_id, ctl)
     first, *rest = url.split(";")
     own = ";".join([test_vhost(first, name, rabbitmqctl=ctl), *(with_vhost(u, name) for u in rest)])
     why = f"vhost {name} on a private {len(cluster.nodes)}-node cluster, deleted at the end"
