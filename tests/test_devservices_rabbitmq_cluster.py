@@ -50,18 +50,6 @@ def cluster(data_dir: Path) -> Iterator[RabbitClusterServer]:
     stop_rabbitmq_cluster(data_dir)
 
 
-def _members(cluster: RabbitClusterServer, node: int = 0) -> dict[str, list[str]]:
-    """Quorum queue name -> its members, as node `node` lists them."""
-    rows = cluster.nodes[node].ctl("list_queues", "name", "members", "--formatter", "json")
-    return {row["name"]: sorted(row["members"]) for row in json.loads(rows)}
-
-
-def _leader(cluster: RabbitClusterServer, node: int, queue: str) -> str | None:
-    """The node leading quorum queue `queue`, as node `node` reports it."""
-    rows = cluster.nodes[node].ctl("list_queues", "name", "leader", "--formatter", "json")
-    return next((row["leader"] for row in json.loads(rows) if row["name"] == queue), None)
-
-
 def _declare(url: str, name: str, **arguments: object) -> None:
     with Connection(url, connect_timeout=5) as conn:
         conn.channel().queue_declare(
@@ -113,7 +101,7 @@ def test_a_running_cluster_is_reused_not_restarted(
 def test_a_quorum_queue_gets_a_member_on_every_node(cluster: RabbitClusterServer) -> None:
     _declare(cluster.urls[1], "am.cluster.everywhere")
     _declare(cluster.urls[1], "am.cluster.two", **{"x-quorum-initial-group-size": 2})
-    members = _members(cluster)
+    members = cluster.nodes[0].quorum_members()
     assert members["am.cluster.everywhere"] == sorted(cluster.names)
     assert len(members["am.cluster.two"]) == 2 and cluster.names[1] in members["am.cluster.two"]
 
@@ -194,7 +182,7 @@ def test_a_node_killed_minus_9_leaves_the_two_others_serving(
     )
     # basic.get asks the queue's leader: a dead one is a 541 (nodedown) until Ra elects another.
     wait_for(
-        lambda: _leader(cluster, 1, queue) in {n.node for n in survivors},
+        lambda: cluster.nodes[1].quorum_leader(queue) in {n.node for n in survivors},
         30,
         "a survivor to lead the queue",
     )

@@ -68,6 +68,18 @@ class ClusterNode(PrivateRabbitMQ):
         """rabbitmqctl against this node; DevServicesError if it fails."""
         return _rabbitmqctl(args, self.rabbitmqctl)
 
+    def quorum_members(self, vhost: str = "/") -> dict[str, list[str]]:
+        """Queue name -> its members (sorted), as this node lists the queues of `vhost`."""
+        rows = self.ctl("list_queues", "-p", vhost, "name", "members", "--formatter", "json")
+        return {row["name"]: sorted(row["members"]) for row in json.loads(rows)}
+
+    def quorum_leader(self, queue: str, vhost: str = "/") -> str | None:
+        """The node leading quorum queue `queue`, as this node reports it (None: no such queue)."""
+        rows = json.loads(
+            self.ctl("list_queues", "-p", vhost, "name", "leader", "--formatter", "json")
+        )
+        return next((row["leader"] for row in rows if row["name"] == queue), None)
+
     def running_nodes(self) -> list[str]:
         """The running members of this node's cluster, as it sees them."""
         status = json.loads(self.ctl("cluster_status", "--formatter", "json"))

@@ -17,7 +17,6 @@ folds catch up. Timed: from the kill until every confirmed job landed.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -30,7 +29,6 @@ import pytest
 
 from memory_core.devservices.poll import wait_for
 from memory_core.devservices.rabbitmq_cluster import (
-    ClusterNode,
     RabbitClusterServer,
     start_rabbitmq_cluster,
     stop_rabbitmq_cluster,
@@ -87,16 +85,6 @@ def _cluster_urls() -> dict[str, str]:
     return {name: os.environ[name] for name in ("CELERY_BROKER_URL", "REDIS_URL")}
 
 
-def _leader(survivor: ClusterNode, queue: str) -> str | None:
-    rows = json.loads(survivor.ctl("list_queues", "name", "leader", "--formatter", "json"))
-    return next((row["leader"] for row in rows if row["name"] == queue), None)
-
-
-def _members(node: ClusterNode, queue: str) -> list[str]:
-    rows = json.loads(node.ctl("list_queues", "name", "members", "--formatter", "json"))
-    return sorted(next(row["members"] for row in rows if row["name"] == queue))
-
-
 @pytest.mark.slow
 def test_the_demo_plays_on_a_redis_cluster_and_a_three_node_failover_broker(
     rabbit_cluster: RabbitClusterServer, failover_broker: str, redis_cluster: ClusterServer
@@ -140,9 +128,9 @@ def test_the_finalize_leader_killed_minus_9_loses_and_duplicates_nothing(
     core = EnqueueLoad(THREADS // 2, INTERVAL_S, max_turns=TURNS, broker_url=failover_broker)
     snippet = JobLoad(THREADS // 2, INTERVAL_S, max_turns=TURNS)
     try:
-        assert _members(rabbit_cluster.nodes[0], FINALIZE_QUEUE) == sorted(nodes)
+        assert rabbit_cluster.nodes[0].quorum_members()[FINALIZE_QUEUE] == sorted(nodes)
         # Ra elects no other leader without a fault: the victim is known before the load.
-        victim = nodes[str(_leader(rabbit_cluster.nodes[0], FINALIZE_QUEUE))]
+        victim = nodes[str(rabbit_cluster.nodes[0].quorum_leader(FINALIZE_QUEUE))]
         survivors = [n for n in rabbit_cluster.nodes if n is not victim]
         time.sleep(1.0)  # quorum queues declared > 0.5 s ago (PrivateRabbitMQ's caveat)
         core.start(), snippet.start()
@@ -157,7 +145,7 @@ def test_the_finalize_leader_killed_minus_9_loses_and_duplicates_nothing(
         confirmed = set(core.enqueued) | set(snippet.tally.sent)
         wait_for(lambda: landed(confirmed) == confirmed, 120, "every confirmed job", worker.log)
         landed_s = time.monotonic() - killed_at
-        new_leader = _leader(survivors[0], FINALIZE_QUEUE)
+        new_leader = survivors[0].quorum_leader(FINALIZE_QUEUE)
     finally:
         core.stop()
         snippet.stop()
