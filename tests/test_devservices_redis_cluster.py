@@ -21,7 +21,7 @@ from redis.backoff import ExponentialBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.retry import Retry
 
-from memory_core.devservices import ensure_services
+from memory_core.devservices import ensure_services, redis_cluster
 from memory_core.devservices.poll import wait_for
 from memory_core.devservices.ports import free_port
 from memory_core.devservices.redis_cluster import (
@@ -181,3 +181,38 @@ def test_the_command_starts_a_cluster_and_stop_ends_it(tmp_path: Path) -> None:
     )
     stopped = subprocess.run([*command, "--stop"], capture_output=True, timeout=60, check=False)
     assert stopped.returncode == 0 and not any(alive(pid) for pid in pids)
+
+
+def test_a_port_another_process_answers_on_is_formed_again_elsewhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two clusters formed at once (xdist workers) may draw the same free port: the node that
+    lost the race exits, and the other cluster's node answers in its place. Formation notices
+    (pid file against the answering server's pid) and starts again on fresh ports, instead of
+    configuring a stranger's node ("Node config epoch is already non-zero")."""
+    stranger = redis.Redis.from_url(get_settings().redis_url)  # the session's Redis: not ours
+    taken = int(stranger.connection_pool.connection_kwargs["port"])
+    draws: list[list[int]] = []
+    real = redis_cluster.free_ports
+
+    def draw(count: int) -> list[int]:
+        ports = real(count)
+        if not draws:
+            ports[1] = taken  # the first formation's second node loses its port
+        draws.append(ports)
+        return ports
+
+    monkeypatch.setattr(redis_cluster, "free_ports", draw)
+    with pytest.raises(redis_cluster.PortTaken):
+        redis_cluster._ours(
+            tmp_path, taken
+        )  # no pid file of ours: the answering server is a stranger
+    assert redis_cluster._ours(tmp_path, free_port()) is False  # nothing answers yet
+    server = start_redis_cluster(tmp_path, node_timeout_ms=NODE_TIMEOUT_MS)
+    try:
+        assert len(draws) == 2 and taken not in server.ports
+        assert cluster_ok(server.ports)
+        assert stranger.ping()  # the stranger was left alone
+    finally:
+        stop_redis_cluster(tmp_path)
+    stranger.close()

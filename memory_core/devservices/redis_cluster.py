@@ -25,7 +25,7 @@ import redis
 from redis.cluster import ClusterNode, RedisCluster
 
 from memory_core.devservices.poll import WaitTimeout, wait_for
-from memory_core.devservices.ports import free_port
+from memory_core.devservices.ports import free_ports
 from memory_core.devservices.redis_server import redis_binary, stop_redis
 from memory_core.devservices.system import START_TIMEOUT_S, DevServicesError, alive, log_tail
 from memory_core.io.redis_kinds import cluster_seeds
@@ -101,10 +101,9 @@ def cluster_ok(ports: list[int]) -> bool:
     return True
 
 
-def _start_node(exe: str, ndir: Path, port: int, node_timeout_ms: int) -> int:
+def _start_node(exe: str, ndir: Path, port: int, bus: int, node_timeout_ms: int) -> None:
     # The bus port is a free port of its own: the default (port + 10 000) is past 65 535 for
-    # half of the ephemeral range free_port draws from. Returns it: MEET must name it.
-    bus = free_port()
+    # half of the ephemeral range free_ports draws from.
     ndir.mkdir(parents=True, exist_ok=True)
     for stale in ("nodes.conf", "redis.pid"):
         (ndir / stale).unlink(missing_ok=True)
@@ -121,7 +120,28 @@ def _start_node(exe: str, ndir: Path, port: int, node_timeout_ms: int) -> int:
     if proc.returncode:
         log = log_tail(ndir / "redis.log")
         raise DevServicesError(f"{exe} failed ({proc.returncode}): {proc.stderr}{log}")
-    return bus
+
+
+FORM_ATTEMPTS = 3  # formations on fresh ports when another process answered on one
+
+
+class PortTaken(DevServicesError):
+    """A node's port answered, but from another process (another cluster being formed at the
+    same moment drew it too): formed again on other ports."""
+
+
+def _ours(ndir: Path, port: int) -> bool:
+    """The server answering on `port` is the daemon whose pid file is in `ndir`; PortTaken if
+    another one answers (ours could not bind it and is gone); False while none answers yet."""
+    try:
+        with _node(port) as client:
+            answering = int(client.info("server")["process_id"])
+    except (redis.RedisError, OSError):
+        return False
+    with contextlib.suppress(OSError, ValueError):
+        if int((ndir / "redis.pid").read_text()) == answering:
+            return True
+    raise PortTaken(f"port {port} answers from process {answering}, not this cluster's node")
 
 
 def restart_node(cluster: ClusterServer, port: int) -> None:
@@ -210,13 +230,37 @@ def start_redis_cluster(
             return ClusterServer(known[:primaries], known[primaries:], root, note, None)
     stop_redis_cluster(data_dir)  # a half-formed or dead one from before
     exe, label = redis_binary()
-    ports = [free_port() for _ in range(2 * primaries)]
+    for attempt in range(1, FORM_ATTEMPTS + 1):
+        try:
+            cluster = _start_cluster(data_dir, exe, primaries, node_timeout_ms)
+            break
+        except PortTaken:
+            if attempt == FORM_ATTEMPTS:
+                raise
+    cluster.note = (
+        f"started private Redis Cluster ({primaries} primaries, {primaries} replicas; {label}) "
+        f"on {HOST} ports {', '.join(map(str, cluster.ports))} (dir {root})"
+    )
+    return cluster
+
+
+def _start_cluster(data_dir: Path, exe: str, primaries: int, node_timeout_ms: int) -> ClusterServer:
+    root = data_dir / "redis-cluster"
+    drawn = free_ports(4 * primaries)  # every node's port and bus port, all distinct
+    ports, buses = drawn[: 2 * primaries], drawn[2 * primaries :]
     cluster = ClusterServer(ports[:primaries], ports[primaries:], root, "", None)
     cluster.stop = lambda: stop_redis_cluster(data_dir)
     try:
-        bus = {port: _start_node(exe, root / str(port), port, node_timeout_ms) for port in ports}
-        ports_file.write_text(" ".join(map(str, ports)))
-        _form(cluster.primaries, cluster.replicas, bus)
+        for port, bus in zip(ports, buses, strict=True):
+            _start_node(exe, root / str(port), port, bus, node_timeout_ms)
+        (root / "ports").write_text(" ".join(map(str, ports)))
+        wait_for(
+            lambda: all(_ours(root / str(p), p) for p in ports), START_TIMEOUT_S, "nodes to answer"
+        )
+        _form(cluster.primaries, cluster.replicas, dict(zip(ports, buses, strict=True)))
+    except PortTaken:
+        cluster.stop()
+        raise
     except (DevServicesError, WaitTimeout, redis.RedisError, OSError) as exc:
         logs = log_tail(root / str(ports[0]) / "redis.log")
         cluster.stop()
@@ -224,10 +268,6 @@ def start_redis_cluster(
     except BaseException:  # a bug or a signal: nothing half-formed is left running
         cluster.stop()
         raise
-    cluster.note = (
-        f"started private Redis Cluster ({primaries} primaries, {primaries} replicas; {label}) "
-        f"on {HOST} ports {', '.join(map(str, ports))} (dir {root})"
-    )
     return cluster
 
 
