@@ -1,0 +1,114 @@
+"""deploy/grafana/agent-memory.json against the metrics the project exports.
+
+Every query names metrics that exist (the registry of memory_core.metrics and the fold-lag
+collector, or RabbitMQ's plugin for queue depth), with labels those metrics have; every metric
+the project exports is on some panel, so a new metric cannot be left off the dashboard; and the
+panels are laid out without overlap on one Prometheus datasource variable.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from typing import Any
+
+from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client.metrics import MetricWrapperBase
+
+from memory_core import metrics
+from tests.support import REPO
+
+DASHBOARD = REPO / "deploy" / "grafana" / "agent-memory.json"
+# Queue depth comes from RabbitMQ's rabbitmq_prometheus plugin (3.10), scraped per object on
+# :15692/metrics/per-object: name -> its labels.
+RABBITMQ = {
+    "rabbitmq_queue_messages_ready": {"vhost", "queue"},
+    "rabbitmq_queue_messages_unacked": {"vhost", "queue"},
+}
+NAME = re.compile(r"\b((?:memory|rabbitmq)_[a-z0-9_]+)\b(\{[^}]*\})?")
+MATCHER = re.compile(r"([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!~|!=|=)")
+BY = re.compile(r"\b(?:by|without)\s*\(([^)]*)\)")
+LEGEND = re.compile(r"\{\{\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*\}\}")
+
+
+def _exported() -> dict[str, set[str]]:
+    """Sample name -> its labels, for every metric the project exports."""
+    out: dict[str, set[str]] = {}
+    for value in vars(metrics).values():
+        if not isinstance(value, MetricWrapperBase):
+            continue
+        name, labels = value._name, set(value._labelnames)
+        if isinstance(value, Counter):
+            out[f"{name}_total"] = labels
+        elif isinstance(value, Histogram):
+            for suffix in ("_bucket", "_sum", "_count"):
+                out[name + suffix] = labels | ({"le"} if suffix == "_bucket" else set())
+        else:
+            assert isinstance(value, Gauge), value
+            out[name] = labels
+    lag = metrics.FoldLagCollector("postgresql://unused", threshold=20)
+    lag._cached = (time.monotonic(), 1.0, 0.0, 0.0, 0.0, 0.0)  # what a scrape would measure
+    for family in lag.collect():
+        out[family.name] = set()
+    return out
+
+
+def _panels() -> list[dict[str, Any]]:
+    dashboard = json.loads(DASHBOARD.read_text())
+    return [p for p in dashboard["panels"] if p["type"] != "row"]
+
+
+def test_every_query_names_exported_metrics_with_their_labels() -> None:
+    known = _exported() | RABBITMQ
+    for panel in _panels():
+        assert panel["targets"], panel["title"]
+        for target in panel["targets"]:
+            expr = target["expr"]
+            used = NAME.findall(expr)
+            assert used, f"{panel['title']}: {expr} names no metric"
+            labels: set[str] = set()
+            for name, matchers in used:
+                assert name in known, f"{panel['title']}: {name} is not exported"
+                labels |= known[name]
+                for label in MATCHER.findall(matchers):
+                    assert label in known[name], f"{panel['title']}: {name} has no {label}"
+            for group in BY.findall(expr):
+                for label in filter(None, (g.strip() for g in group.split(","))):
+                    assert label in labels, f"{panel['title']}: by ({label}) in {expr}"
+            for label in LEGEND.findall(target["legendFormat"]):
+                assert label in labels, f"{panel['title']}: legend {{{{{label}}}}}"
+
+
+def test_every_exported_metric_is_on_the_dashboard() -> None:
+    on_it = {name for p in _panels() for t in p["targets"] for name, _ in NAME.findall(t["expr"])}
+    families = {name.removesuffix("_sum").removesuffix("_count") for name in _exported()}
+    shown = {n.removesuffix("_bucket") for n in on_it} | on_it
+    missing = sorted(
+        f for f in families if f not in shown and f.removesuffix("_bucket") not in shown
+    )
+    assert not missing, f"exported but on no panel: {missing}"
+    assert set(RABBITMQ) <= on_it  # the queue depth the issue asks for
+
+
+def test_panels_do_not_overlap_and_use_the_datasource_variable() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    assert dashboard["uid"] == "agent-memory"
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["datasource"]["query"] == "prometheus"
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    cells: set[tuple[int, int]] = set()
+    for panel in dashboard["panels"]:
+        pos = panel["gridPos"]
+        assert pos["x"] >= 0 and pos["x"] + pos["w"] <= 24, panel["title"]
+        mine = {
+            (x, y)
+            for x in range(pos["x"], pos["x"] + pos["w"])
+            for y in range(pos["y"], pos["y"] + pos["h"])
+        }
+        assert not mine & cells, f"{panel['title']} overlaps another panel"
+        cells |= mine
+        if panel["type"] != "row":
+            assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
+            assert all(t["datasource"]["uid"] == "${datasource}" for t in panel["targets"])
