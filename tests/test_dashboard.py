@@ -10,14 +10,10 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from typing import Any
 
-from prometheus_client import Counter, Gauge, Histogram
-from prometheus_client.metrics import MetricWrapperBase
-
-from memory_core import metrics
 from tests.support import REPO
+from tests.support.metric_names import NAME, exported
 
 DASHBOARD = REPO / "deploy" / "grafana" / "agent-memory.json"
 # Queue depth comes from RabbitMQ's rabbitmq_prometheus plugin (3.10), scraped per object on
@@ -26,32 +22,9 @@ RABBITMQ = {
     "rabbitmq_queue_messages_ready": {"vhost", "queue"},
     "rabbitmq_queue_messages_unacked": {"vhost", "queue"},
 }
-NAME = re.compile(r"\b((?:memory|rabbitmq)_[a-z0-9_]+)\b(\{[^}]*\})?")
 MATCHER = re.compile(r"([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!~|!=|=)")
 BY = re.compile(r"\b(?:by|without)\s*\(([^)]*)\)")
 LEGEND = re.compile(r"\{\{\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*\}\}")
-
-
-def _exported() -> dict[str, set[str]]:
-    """Sample name -> its labels, for every metric the project exports."""
-    out: dict[str, set[str]] = {}
-    for value in vars(metrics).values():
-        if not isinstance(value, MetricWrapperBase):
-            continue
-        name, labels = value._name, set(value._labelnames)
-        if isinstance(value, Counter):
-            out[f"{name}_total"] = labels
-        elif isinstance(value, Histogram):
-            for suffix in ("_bucket", "_sum", "_count"):
-                out[name + suffix] = labels | ({"le"} if suffix == "_bucket" else set())
-        else:
-            assert isinstance(value, Gauge), value
-            out[name] = labels
-    lag = metrics.FoldLagCollector("postgresql://unused", threshold=20)
-    lag._cached = (time.monotonic(), 1.0, 0.0, 0.0, 0.0, 0.0)  # what a scrape would measure
-    for family in lag.collect():
-        out[family.name] = set()
-    return out
 
 
 def _panels() -> list[dict[str, Any]]:
@@ -60,7 +33,7 @@ def _panels() -> list[dict[str, Any]]:
 
 
 def test_every_query_names_exported_metrics_with_their_labels() -> None:
-    known = _exported() | RABBITMQ
+    known = exported() | RABBITMQ
     for panel in _panels():
         assert panel["targets"], panel["title"]
         for target in panel["targets"]:
@@ -82,7 +55,7 @@ def test_every_query_names_exported_metrics_with_their_labels() -> None:
 
 def test_every_exported_metric_is_on_the_dashboard() -> None:
     on_it = {name for p in _panels() for t in p["targets"] for name, _ in NAME.findall(t["expr"])}
-    families = {name.removesuffix("_sum").removesuffix("_count") for name in _exported()}
+    families = {name.removesuffix("_sum").removesuffix("_count") for name in exported()}
     shown = {n.removesuffix("_bucket") for n in on_it} | on_it
     missing = sorted(
         f for f in families if f not in shown and f.removesuffix("_bucket") not in shown
