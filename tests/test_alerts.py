@@ -10,7 +10,6 @@ runbook and a severity; the issue's list of alerts is all there, each one tested
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -20,11 +19,10 @@ import pytest
 import yaml
 
 from tests.support import REPO
-from tests.support.metric_names import NAME, exported
+from tests.support.metric_names import exported, query_labels
 
 RULES = REPO / "deploy" / "prometheus" / "alerts.yaml"
 RULE_TESTS = REPO / "deploy" / "prometheus" / "alerts.test.yaml"
-BY = re.compile(r"\bby\s*\(([^)]*)\)")
 REQUIRED = {
     "MemoryFoldsFailingForAnHour",  # the backoff at its cap
     "MemoryFoldLagGrowing",
@@ -87,15 +85,8 @@ def test_every_rule_names_exported_metrics_and_says_what_to_do() -> None:
     known = exported()
     rules = _rules()
     for rule in rules:
-        name, expr = rule["alert"], rule["expr"]
-        used = NAME.findall(expr)
-        assert used, f"{name} names no metric"
-        labels: set[str] = set()
-        for metric, _matchers in used:
-            assert metric in known, f"{name}: {metric} is not exported"
-            labels |= known[metric]
-        for group in BY.findall(expr):
-            assert {g.strip() for g in group.split(",")} <= labels, f"{name}: by ({group})"
+        name = rule["alert"]
+        query_labels(rule["expr"], known, name)
         assert rule["labels"]["severity"] in {"warning", "critical"}, name
         assert rule["annotations"]["summary"].strip(), name
         assert len(rule["annotations"]["runbook"].split()) >= 20, f"{name}: a runbook, please"

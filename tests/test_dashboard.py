@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 from tests.support import REPO
-from tests.support.metric_names import NAME, exported
+from tests.support.metric_names import NAME, exported, query_labels
 
 DASHBOARD = REPO / "deploy" / "grafana" / "agent-memory.json"
 # Queue depth comes from RabbitMQ's rabbitmq_prometheus plugin (3.10), scraped per object on
@@ -22,8 +22,6 @@ RABBITMQ = {
     "rabbitmq_queue_messages_ready": {"vhost", "queue"},
     "rabbitmq_queue_messages_unacked": {"vhost", "queue"},
 }
-MATCHER = re.compile(r"([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!~|!=|=)")
-BY = re.compile(r"\b(?:by|without)\s*\(([^)]*)\)")
 LEGEND = re.compile(r"\{\{\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*\}\}")
 
 
@@ -37,18 +35,7 @@ def test_every_query_names_exported_metrics_with_their_labels() -> None:
     for panel in _panels():
         assert panel["targets"], panel["title"]
         for target in panel["targets"]:
-            expr = target["expr"]
-            used = NAME.findall(expr)
-            assert used, f"{panel['title']}: {expr} names no metric"
-            labels: set[str] = set()
-            for name, matchers in used:
-                assert name in known, f"{panel['title']}: {name} is not exported"
-                labels |= known[name]
-                for label in MATCHER.findall(matchers):
-                    assert label in known[name], f"{panel['title']}: {name} has no {label}"
-            for group in BY.findall(expr):
-                for label in filter(None, (g.strip() for g in group.split(","))):
-                    assert label in labels, f"{panel['title']}: by ({label}) in {expr}"
+            labels = query_labels(target["expr"], known, panel["title"])
             for label in LEGEND.findall(target["legendFormat"]):
                 assert label in labels, f"{panel['title']}: legend {{{{{label}}}}}"
 

@@ -13,6 +13,25 @@ from memory_core import metrics
 
 # A metric name of ours, or of RabbitMQ's plugin, with its label matchers if it has any.
 NAME = re.compile(r"\b((?:memory|rabbitmq)_[a-z0-9_]+)\b(\{[^}]*\})?")
+MATCHER = re.compile(r"([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!~|!=|=)")
+BY = re.compile(r"\b(?:by|without)\s*\(([^)]*)\)")
+
+
+def query_labels(expr: str, known: dict[str, set[str]], where: str) -> set[str]:
+    """Assert that PromQL `expr` names metrics of `known` (sample name -> labels), each
+    matcher and `by (...)` label one they have; return the labels of the metrics it names."""
+    used = NAME.findall(expr)
+    assert used, f"{where}: {expr} names no metric"
+    labels: set[str] = set()
+    for name, matchers in used:
+        assert name in known, f"{where}: {name} is not exported"
+        labels |= known[name]
+        for label in MATCHER.findall(matchers):
+            assert label in known[name], f"{where}: {name} has no {label}"
+    for group in BY.findall(expr):
+        for label in filter(None, (g.strip() for g in group.split(","))):
+            assert label in labels, f"{where}: by ({label}) in {expr}"
+    return labels
 
 
 def exported() -> dict[str, set[str]]:
