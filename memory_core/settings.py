@@ -114,6 +114,8 @@ class Settings(BaseSettings):
 
     # user:password for Flower; no default, so `agent-memory flower` refuses to run without one.
     flower_basic_auth: str = ""
+    # user:password for `agent-memory inspect serve`; no default: it refuses to run without one.
+    memory_inspector_auth: str = ""
 
     @field_validator("database_url")
     @classmethod

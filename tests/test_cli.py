@@ -38,6 +38,7 @@ def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
         ["bench", "workers"],
         ["eval", "fidelity"],
         ["eval", "schema"],
+        ["inspect", "serve"],
     ],
 )
 def test_every_command_has_help(command: list[str]) -> None:

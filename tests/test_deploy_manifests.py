@@ -549,6 +549,11 @@ def test_wheel_installs_one_top_level_name_holding_workers_and_migrations(tmp_pa
     expected |= {  # the eval's conversations and their schema: data, not modules
         p.relative_to(REPO).as_posix() for p in REPO.glob("memory_core/eval/conversations/*")
     }
+    expected |= {  # the inspector's templates and stylesheet
+        p.relative_to(REPO).as_posix()
+        for p in REPO.glob("memory_core/inspector/*/*")
+        if p.suffix in {".html", ".css"}
+    }
     assert len(expected) > 30
     assert expected <= names, sorted(expected - names)
 

@@ -19,7 +19,7 @@ from tests.support import REPO
 
 # Where the code lives, and the package name it has when installed (pyproject's package-dir).
 ROOTS = {REPO / "memory_core": "memory_core", REPO / "workers": "memory_core.workers"}
-SUBSYSTEMS = ("write", "copy", "fold", "instructions", "lifecycle", "io")
+SUBSYSTEMS = ("write", "copy", "fold", "instructions", "lifecycle", "io", "inspector")
 MAX_TOP_MODULES = 12
 MAX_LINES = 420  # "~400": one sitting
 

@@ -2,9 +2,9 @@
 and the thread lifecycle (archive, delete, forget an owner, retention).
 
 One module per group of commands: service.py (migrate, worker, flower), inspect.py (context,
-threads, events), lifecycle.py (threads list/archive/unarchive/delete, forget, retention),
-bench.py, demo.py (the README's scripted conversation); errors.py turns infrastructure errors
-into one line.
+threads, events), inspector.py (`inspect serve`, the web inspector), lifecycle.py (threads
+list/archive/unarchive/delete, forget, retention), bench.py, demo.py (the README's scripted
+conversation); errors.py turns infrastructure errors into one line.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import typer
 from memory_core.cli.bench import bench_app
 from memory_core.cli.eval import eval_app
 from memory_core.cli.inspect import context, events_app
+from memory_core.cli.inspector import inspect_app
 from memory_core.cli.lifecycle import forget, retention_app, threads_app
 from memory_core.cli.service import flower, migrate, worker
 from memory_core.settings import get_settings
@@ -34,6 +35,7 @@ app.add_typer(retention_app, name="retention")
 app.add_typer(events_app, name="events")
 app.add_typer(bench_app, name="bench")
 app.add_typer(eval_app, name="eval")
+app.add_typer(inspect_app, name="inspect")
 
 
 @app.command()
