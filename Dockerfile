@@ -12,10 +12,10 @@ COPY workers /src/workers
 COPY migrations /src/migrations
 
 # With the langgraph extra, `agent-memory migrate` also creates the LangGraph checkpointer
-# tables (schema langgraph). The wheel's one top-level package holds workers/ and migrations/
+# tables (schema langgraph); the inspector extra serves `agent-memory inspect serve`. The wheel's one top-level package holds workers/ and migrations/
 # (`memory_core.workers.app` is the Celery app here). The source tree is removed afterwards:
 # `celery -A` puts the working directory on sys.path, where a stray copy would shadow it.
-RUN pip install "/src[langgraph]" \
+RUN pip install "/src[langgraph,inspector]" \
     && rm -rf /src \
     && useradd --create-home --uid 10001 --user-group app
 

@@ -415,7 +415,7 @@ def test_compose_broker_is_rabbitmq(compose: dict[str, Any]) -> None:
     for name, svc in app_services(compose).items():
         assert svc["environment"]["CELERY_BROKER_URL"] == anchor["CELERY_BROKER_URL"], name
         assert not REDIS_BROKER_ONLY & set(svc["environment"]), name
-        if name != "migrate":  # the workers, beat and Flower
+        if name not in ("migrate", "inspector"):  # the workers, beat and Flower
             assert svc["depends_on"]["rabbitmq"] == {"condition": "service_healthy"}, name
 
 
@@ -467,7 +467,9 @@ def test_compose_flower(compose: dict[str, Any]) -> None:
 
 def test_compose_env_names_are_settings(compose: dict[str, Any]) -> None:
     services = app_services(compose)
-    assert set(services) == {"migrate", "worker-finalize", "worker-fold", "beat", "flower"}
+    assert set(services) == {
+        *("migrate", "worker-finalize", "worker-fold", "beat", "flower", "inspector")
+    }
     for name, svc in services.items():
         env = svc["environment"]
         check_env_names(set(env), f"docker-compose.yml service {name}")
@@ -497,7 +499,8 @@ def test_dockerfile() -> None:
     user = next(ln.split()[1] for ln in lines if ln.startswith("USER "))
     assert user.isdigit() and int(user) != 0  # numeric: runAsNonRoot can check it
     text = DOCKERFILE.read_text()
-    assert 'pip install "/src[langgraph]"' in text and "COPY migrations /src/migrations" in text
+    assert 'pip install "/src[langgraph,inspector]"' in text
+    assert "COPY migrations /src/migrations" in text
 
 
 def _mkdir(path: Path) -> Path:
