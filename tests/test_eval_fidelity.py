@@ -47,22 +47,23 @@ def _lines(conv: Conversation, start: int) -> list[tuple[int, str]]:
 # ---------------------------------------------------------------- the corpus
 
 
-def test_the_corpus_has_twenty_four_tuning_then_six_held_out_conversations() -> None:
-    assert len(set(IDS)) == len(IDS) == 30
+def test_the_corpus_has_twenty_four_tuning_then_fourteen_held_out_conversations() -> None:
+    assert len(set(IDS)) == len(IDS) == 38
     tuning = [c for c in CONVERSATIONS if not c.holdout]
     held_out = [c for c in CONVERSATIONS if c.holdout]
-    assert (len(tuning), len(held_out)) == (24, 6)
+    assert (len(tuning), len(held_out)) == (24, 14)
     assert list(CONVERSATIONS) == tuning + held_out  # `--limit N` takes the tuning set first
     assert [c.name for c in tuning] == [s.name for s in TUNING]
     assert [c.name for c in held_out] == [s.name for s in HELD_OUT]
     lengths = [len(c.turns) for c in CONVERSATIONS]
     assert all(40 <= n <= 120 for n in lengths) and len(set(lengths)) == len(lengths)
     rounds = sorted({s.round for s in TUNING})
-    assert rounds == [1, 2, 3] and {s.round for s in HELD_OUT} == {4}
+    assert rounds == [1, 2, 3] and [s.round for s in HELD_OUT] == [4] * 6 + [5] * 8
     assert [s.round for s in TUNING] == sorted(s.round for s in TUNING)  # round by round
     groups = [[c for c, s in zip(tuning, TUNING, strict=True) if s.round == r] for r in rounds]
     assert [len(g) for g in groups] == [12, 6, 6]
-    for group in (*groups, held_out):  # each shortest first
+    held = [[c for c, s in zip(held_out, HELD_OUT, strict=True) if s.round == r] for r in (4, 5)]
+    for group in (*groups, *held):  # each round shortest first
         assert [len(c.turns) for c in group] == sorted(len(c.turns) for c in group)
     assert sum(len(c.superseded) for c in CONVERSATIONS) >= 12
     with_sql = sum(bool(t.sql) for c in CONVERSATIONS for t in c.turns)
@@ -197,6 +198,9 @@ def _row(i: int, *, holdout: bool) -> dict[str, Any]:
         "kept_in_summary_text": 3,
         "superseded": 2,
         "wrongly_current": {"brief": i, "sql": 0},
+        "round": 4 if holdout else 1,
+        "per_question": 3 * i,
+        "false_standing": ["top-n"] if i == 1 else [],
     }
 
 
@@ -323,3 +327,38 @@ def test_with_an_llm_the_report_says_so(tmp_path: Path, llm: FakeLLMServer, brok
     assert report["summary_prompts"] == [BUILTIN_LABEL]
     assert llm.calls >= report["overall"]["folds"] >= 1
     assert report["overall"]["all_summaries_within_bound"]
+
+
+def test_a_per_question_choice_counts_as_false_standing_only_in_the_standing_section() -> None:
+    from memory_core.eval.corpus import Conversation
+    from memory_core.eval.scoring import score_view
+
+    probes = (("period:quarter", r"date_trunc\('quarter',[^)]*\)\s*="), ("top-n", r"\bLIMIT\s+\d"))
+    conv = Conversation("c", (), (), per_question=probes)
+    line = "- Applied in SQL: date_trunc('quarter', o.ts) = DATE '2024-07-01'"
+    standing = f"Conversation summary:\n  Standing instructions:\n  {line}\n\n  Goals:\n  - x"
+    elsewhere = f"Conversation summary:\n  Query filters:\n  {line}\nSQL: ... LIMIT 5"
+    assert score_view(conv, standing).false_standing == ["period:quarter"]
+    assert score_view(conv, elsewhere).false_standing == []
+
+
+def test_choice_questions_vary_their_values_quarters_and_top_n() -> None:
+    import dataclasses
+
+    from memory_core.eval.corpus import Choice
+    from memory_core.eval.filler import Script
+
+    sc = TUNING[0]
+    choice = Choice("product line", "p.product_line", ("Laptops", "Phones", "Tablets"))
+    conv = Script(
+        dataclasses.replace(sc, domain=dataclasses.replace(sc.domain, choices=(choice,)))
+    ).build()
+    picked = [t.sql[0] for t in conv.turns if t.sql and "p.product_line = '" in t.sql[0]]
+    assert len(picked) >= 5
+    assert len({re.search(r"p\.product_line = '(\w+)'", q)[1] for q in picked}) > 1  # type: ignore[index]
+    assert len({re.search(r"LIMIT (\d+)", q)[1] for q in picked}) > 1  # type: ignore[index]
+    assert {pid for pid, _ in conv.per_question} == {
+        "choice:product line",
+        "period:quarter",
+        "top-n",
+    }

@@ -8,7 +8,7 @@ force at that turn, charts and dashboards) and the facts the eval scores. The fi
 between instructions come from a generator seeded with the scenario's name (filler.py): the
 same corpus on every run and machine.
 
-A held-out scenario (`holdout=True`, round 4) was written without looking at the instruction
+A held-out scenario (`holdout=True`, rounds 4 and 5) was written without looking at the instruction
 detector and is never tuned against: its figures are reported on their own.
 """
 
@@ -61,6 +61,16 @@ class Dim:
 
 
 @dataclass(frozen=True)
+class Choice:
+    """A per-question choice: a filter the user picks anew in each question that names it
+    ("What about Laptops in Q3?"). Never a standing instruction, whatever recurs."""
+
+    label: str
+    column: str
+    values: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Domain:
     tables: str  # the FROM clause
     base: tuple[tuple[str, str], ...]  # initial state: ts, amount, alias, where, ...
@@ -69,6 +79,7 @@ class Domain:
     dashboards: tuple[str, str]
     table: str  # a table the last turns ask about
     traps: tuple[Turn, ...]  # similar words, no instruction
+    choices: tuple[Choice, ...] = ()  # per-question filters (with a quarter and a top N)
 
 
 @dataclass(frozen=True)
@@ -96,6 +107,9 @@ class Conversation:
     turns: tuple[Turn, ...]
     facts: tuple[Fact, ...]
     holdout: bool = False
+    round: int = 1
+    # (id, probe) of each per-question choice the conversation made: none may read as standing
+    per_question: tuple[tuple[str, str], ...] = ()
 
     @property
     def established(self) -> list[Fact]:

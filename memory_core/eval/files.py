@@ -26,7 +26,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from memory_core.cli.demo_script import Turn
-from memory_core.eval.corpus import TAIL_TURNS, Dim, Domain, Metric, Say, Scenario
+from memory_core.eval.corpus import TAIL_TURNS, Choice, Dim, Domain, Metric, Say, Scenario
 from memory_core.eval.filler import GRAINS, ROUNDING, Script
 
 CONVERSATIONS = Path(__file__).with_name("conversations")
@@ -83,6 +83,14 @@ class DimModel(_Model):
     values: Annotated[list[Text], Field(min_length=2)]
 
 
+class ChoiceModel(_Model):
+    """A filter the user picks anew per question (`domain.choices`)."""
+
+    label: Text
+    column: Text
+    values: Annotated[list[Text], Field(min_length=2)]
+
+
 class DomainModel(_Model):
     tables: Text
     base: list[Pair]
@@ -91,6 +99,7 @@ class DomainModel(_Model):
     dashboards: Annotated[list[Text], Field(min_length=2, max_length=2)]
     table: Text
     traps: list[TrapTurn] = []
+    choices: list[ChoiceModel] = []
 
 
 class ScenarioModel(_Model):
@@ -163,6 +172,7 @@ def to_scenario(m: ScenarioModel) -> Scenario:
         dashboards=(d.dashboards[0], d.dashboards[1]),
         table=d.table,
         traps=tuple(Turn(t.query, t.answer, list(t.sql)) for t in d.traps),
+        choices=tuple(Choice(c.label, c.column, tuple(c.values)) for c in d.choices),
     )
     says = tuple(
         Say(

@@ -10,12 +10,14 @@ seeded with the scenario's name picks among the phrasings: the output is fixed.
 from __future__ import annotations
 
 import random
+import re
 from string import Template
 from typing import Any
 
 from memory_core.cli.demo_script import Turn, chart, dashboard
 from memory_core.eval.corpus import (
     TAIL_TURNS,
+    Choice,
     Conversation,
     Dim,
     Domain,
@@ -50,6 +52,15 @@ QUESTIONS = (
     "Quick one: {metric} for the latest {grain}, by {dim}",
     "hmm, can we look at {metric} by {dim} instead? per {grain}",
     "Pull {metric} per {dim} by {grain} for me",
+)
+# Questions that pick a value, a quarter and a top N of their own: per-question choices.
+CHOICE_QUESTIONS = (
+    "What about {value} in Q{q}? Top {k} {dims}",
+    "And for {value} only, Q{q}: the top {k} {dims} by {metric}?",
+    "Same for {value} in Q{q} - top {k} {dims}",
+    "Now {value}, Q{q}. Which {k} {dims} lead on {metric}?",
+    "Just {value} this time: top {k} {dims} in Q{q}",
+    "{metric} for {value}, Q{q}, best {k} {dims}?",
 )
 ANSWERS = (
     "{top} leads with {n1}; {second} follows at {n2}.",
@@ -177,6 +188,8 @@ class Script:
         self.traps = list(self.d.traps)
         self.step = self.rnd.randrange(len(PATTERN))
         self.chat = self.rnd.sample(SMALLTALK, len(SMALLTALK))
+        self.next_is_choice = False
+        self.chosen: dict[str, str] = {}  # per-question probe id -> probe
 
     def build(self) -> Conversation:
         says: dict[int, list[Say]] = {}
@@ -196,7 +209,14 @@ class Script:
             else:
                 turns.append(self.filler(n))
         facts = facts_of(self.sc.says)
-        return Conversation(self.sc.name, tuple(turns), facts, holdout=self.sc.holdout)
+        return Conversation(
+            self.sc.name,
+            tuple(turns),
+            facts,
+            holdout=self.sc.holdout,
+            round=self.sc.round,
+            per_question=tuple(sorted(self.chosen.items())),
+        )
 
     def sql(self, turn: int, metric: Metric, dim: Dim, grain: str) -> str:
         state, where = state_at(self.d, self.sc.says, turn)
@@ -229,7 +249,37 @@ class Script:
             return self.chart()
         if kind == "dashboard" and self.charts:
             return self.pin()
+        if self.d.choices:  # every other question picks values of its own
+            self.next_is_choice = not self.next_is_choice
+            if self.next_is_choice:
+                return self.choice_question(turn)
         return self.question(turn)
+
+    def choice_question(self, turn: int) -> Turn:
+        """A question that picks a value of a choice, a quarter and a top N for itself."""
+        choice: Choice = self.rnd.choice(self.d.choices)
+        value = self.rnd.choice(choice.values)
+        q, k = self.rnd.randrange(1, 5), self.rnd.choice((3, 4, 5, 10))
+        metric = self.rnd.choice(self.eligible(turn))
+        dims = [d for d in self.d.dims if d.column != choice.column] or list(self.d.dims)
+        dim = self.rnd.choice(dims)
+        self.last = (metric, dim, "quarter")
+        text = self.rnd.choice(CHOICE_QUESTIONS).format(
+            value=value, q=q, k=k, dims=dim.plural, metric=metric.label
+        )
+        state, where = state_at(self.d, self.sc.says, turn)
+        quarter = f"date_trunc('quarter', {state['ts']}) = DATE '2024-{3 * q - 2:02d}-01'"
+        picked = [*where, f"{choice.column} = '{value}'", quarter]
+        sql = render_sql(self.d, state, picked, metric=metric, dim=dim, grain="quarter")
+        sql = sql.replace(
+            "GROUP BY 1, 2\nORDER BY 1, 2", f"GROUP BY 1, 2\nORDER BY 3 DESC\nLIMIT {k}"
+        )
+        self.chosen[f"choice:{choice.label}"] = rf"{re.escape(choice.column)}\s*(?:=|IN\b)"
+        self.chosen["period:quarter"] = r"date_trunc\('quarter',[^)]*\)\s*="
+        self.chosen["top-n"] = r"\bLIMIT\s+\d"
+        top, second = self.rnd.sample(dim.values, 2)
+        answer = f"In Q{q}, {top} leads for {value}; {second} is second."
+        return Turn(text[:1].upper() + text[1:], answer, [sql])
 
     def question(self, turn: int) -> Turn:
         metric = self.rnd.choice(self.eligible(turn))

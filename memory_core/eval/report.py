@@ -29,6 +29,8 @@ COLUMNS = (
     "superseded",
     "current brief",
     "current sql",
+    "per-question",
+    "false standing",
     "summary tokens / bound",
 )
 
@@ -58,6 +60,10 @@ def conversation_row(
         "wrongly_current": {"brief": len(brief.current), "sql": len(sql.current)},
         "missed": {"brief": brief.missed, "sql": sql.missed},
         "current": {"brief": brief.current, "sql": sql.current},
+        "round": conv.round,
+        "per_question": len(conv.per_question),
+        # in either view: a choice the brief or the sql view presents as standing
+        "false_standing": sorted(set(brief.false_standing) | set(sql.false_standing)),
     }
 
 
@@ -82,18 +88,24 @@ def overall(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "superseded": superseded,
         "wrongly_current": current,
         "wrongly_current_pct": {k: _pct(v, superseded) for k, v in current.items()},
+        "per_question": (per_question := sum(r["per_question"] for r in rows)),
+        "false_standing": (false := sum(len(r["false_standing"]) for r in rows)),
+        "false_standing_pct": _pct(false, per_question),
         "max_summary_tokens": max((r["summary_tokens"] for r in rows), default=0),
         "all_summaries_within_bound": all(r["summary_tokens"] <= r["summary_bound"] for r in rows),
         "all_reached_last_turn": all(r["last_seq"] == r["turns"] for r in rows),
     }
 
 
-def aggregates(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """The report's aggregate entries: `tuning`, `holdout` and `overall` (every row)."""
+def aggregates(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The report's aggregate entries: `tuning`, `holdout` and `overall` (every row), and
+    `rounds`: each round of writing on its own (held-out rounds stay apart)."""
+    rounds = sorted({r["round"] for r in rows})
     return {
         "tuning": overall([r for r in rows if not r["holdout"]]),
         "holdout": overall([r for r in rows if r["holdout"]]),
         "overall": overall(rows),
+        "rounds": {str(n): overall([r for r in rows if r["round"] == n]) for n in rounds},
     }
 
 
@@ -112,6 +124,8 @@ def _conversation_cells(r: dict[str, Any]) -> list[str]:
         _cell(r["kept_in_summary_text"], est),
         str(sup),
         *(_cell(r["wrongly_current"][k], sup) for k in FOCI),
+        str(r["per_question"]),
+        _cell(len(r["false_standing"]), r["per_question"]),
         f"{r['summary_tokens']} / {r['summary_bound']}",
     ]
 
@@ -127,14 +141,21 @@ def _aggregate_cells(label: str, o: dict[str, Any], bound: int) -> list[str]:
         _cell(o["kept_in_summary_text"], est, 1),
         str(sup),
         *(_cell(o["wrongly_current"][k], sup, 1) for k in FOCI),
+        str(o["per_question"]),
+        _cell(o["false_standing"], o["per_question"], 1),
         f"max {o['max_summary_tokens']} / {bound}",
     ]
 
 
 def aggregate_rows(report: dict[str, Any]) -> list[list[str]]:
-    """The aggregate rows: tuning and held-out when the run had any of them, overall always."""
-    return [
-        _aggregate_cells(label, report[key], report["summary_bound"])
+    """The aggregate rows: each round when the run had more than one, tuning and held-out
+    when it had any of them, overall always."""
+    bound = report["summary_bound"]
+    rounds = report.get("rounds", {})
+    rows = [_aggregate_cells(f"round {n}", o, bound) for n, o in rounds.items()]
+    rows = rows if len(rounds) > 1 else []
+    return rows + [
+        _aggregate_cells(label, report[key], bound)
         for key, label in AGGREGATES
         if key == "overall" or report.get(key, {}).get("conversations")
     ]
