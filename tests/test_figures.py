@@ -17,7 +17,9 @@ def _write(path: Path, writer: int) -> None:
 
 def test_concurrent_records_keep_every_figure(tmp_path: Path) -> None:
     path = tmp_path / "figures.json"
-    ctx = multiprocessing.get_context("fork")
+    # spawn, not fork: a fork copies the xdist worker's threads' held locks (a CI run's forked
+    # writer hung 60 s on one); fresh interpreters hold none, and still race on the file lock.
+    ctx = multiprocessing.get_context("spawn")
     procs = [ctx.Process(target=_write, args=(path, w)) for w in range(WRITERS)]
     for p in procs:
         p.start()
