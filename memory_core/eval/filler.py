@@ -62,6 +62,34 @@ CHOICE_QUESTIONS = (
     "Just {value} this time: top {k} {dims} in Q{q}",
     "{metric} for {value}, Q{q}, best {k} {dims}?",
 )
+# Follow-ups that keep the previous choice question's value, quarter and top N: a user asks
+# about one product in one quarter for a few questions in a row, and it is still per question.
+FOLLOW_UPS = (
+    "And {metric} for the same {k}?",
+    "Same again for {metric}",
+    "ok and what does {metric} look like there?",
+    "Still {value}, Q{q} - now {metric} please",
+)
+# The held-out rounds' choice questions and follow-ups: written apart, before the detector work
+# on per-question choices, and never tuned against (conversations/README.md).
+HELD_OUT_CHOICE_QUESTIONS = (
+    "How about {value}? Q{q}, top {k} {dims}",
+    "{value} in Q{q}: which {k} {dims} come out on top for {metric}?",
+    "Q{q}, {value} only - {k} best {dims} please",
+    "Let's see {value} for Q{q}, the {k} largest {dims} by {metric}",
+    "Filter to {value} and Q{q} for this one, top {k} {dims}",
+    "Show me the top {k} {dims} for {value} in Q{q}",
+    "{metric}: {value}, Q{q}, top {k} {dims}",
+)
+HELD_OUT_FOLLOW_UPS = (
+    "Same slice, but {metric}",
+    "Keep {value} and Q{q}; swap in {metric}",
+    "and {metric}?",
+    "What's {metric} for those {k}?",
+)
+# How many follow-ups a choice question gets (drawn per question): at most MAX_FOLLOW_UPS.
+FOLLOW_UP_COUNTS = (0, 0, 0, 1, 1, 2)
+MAX_FOLLOW_UPS = max(FOLLOW_UP_COUNTS)
 ANSWERS = (
     "{top} leads with {n1}; {second} follows at {n2}.",
     "{top} is highest at {n1}, {pct}% above {second}.",
@@ -189,6 +217,7 @@ class Script:
         self.step = self.rnd.randrange(len(PATTERN))
         self.chat = self.rnd.sample(SMALLTALK, len(SMALLTALK))
         self.next_is_choice = False
+        self.follow: tuple[int, Choice, str, int, int] | None = None  # follow-ups left, picks
         self.chosen: dict[str, str] = {}  # per-question probe id -> probe
 
     def build(self) -> Conversation:
@@ -249,6 +278,8 @@ class Script:
             return self.chart()
         if kind == "dashboard" and self.charts:
             return self.pin()
+        if self.follow is not None:
+            return self.choice_question(turn)
         if self.d.choices:  # every other question picks values of its own
             self.next_is_choice = not self.next_is_choice
             if self.next_is_choice:
@@ -256,15 +287,23 @@ class Script:
         return self.question(turn)
 
     def choice_question(self, turn: int) -> Turn:
-        """A question that picks a value of a choice, a quarter and a top N for itself."""
-        choice: Choice = self.rnd.choice(self.d.choices)
-        value = self.rnd.choice(choice.values)
-        q, k = self.rnd.randrange(1, 5), self.rnd.choice((3, 4, 5, 10))
+        """A question that picks a value of a choice, a quarter and a top N for itself, or a
+        follow-up that keeps the last one's."""
+        if self.follow is None:
+            choice: Choice = self.rnd.choice(self.d.choices)
+            value = self.rnd.choice(choice.values)
+            q, k = self.rnd.randrange(1, 5), self.rnd.choice((3, 4, 5, 10))
+            left = self.rnd.choice(FOLLOW_UP_COUNTS)
+            templates = HELD_OUT_CHOICE_QUESTIONS if self.sc.holdout else CHOICE_QUESTIONS
+        else:
+            left, choice, value, q, k = self.follow
+            left, templates = left - 1, HELD_OUT_FOLLOW_UPS if self.sc.holdout else FOLLOW_UPS
+        self.follow = (left, choice, value, q, k) if left > 0 else None
         metric = self.rnd.choice(self.eligible(turn))
         dims = [d for d in self.d.dims if d.column != choice.column] or list(self.d.dims)
         dim = self.rnd.choice(dims)
         self.last = (metric, dim, "quarter")
-        text = self.rnd.choice(CHOICE_QUESTIONS).format(
+        text = self.rnd.choice(templates).format(
             value=value, q=q, k=k, dims=dim.plural, metric=metric.label
         )
         state, where = state_at(self.d, self.sc.says, turn)
