@@ -362,3 +362,41 @@ def test_choice_questions_vary_their_values_quarters_and_top_n() -> None:
         "period:quarter",
         "top-n",
     }
+
+
+def test_a_choice_question_gets_follow_ups_that_keep_its_picks_for_at_most_three_queries() -> None:
+    """Follow-ups keep a choice's value and quarter for a few queries in a row: what the rule
+    that promotes a WHERE condition from SQL alone must outlast (SQL_STANDING_QUERIES)."""
+    from memory_core.eval.filler import MAX_FOLLOW_UPS
+    from memory_core.instructions.standing import SQL_STANDING_QUERIES
+
+    runs: list[int] = []
+    for conv in CONVERSATIONS:
+        picks = [
+            m.group(0)
+            if (m := re.search(r"date_trunc\('quarter', [^)]*\) = DATE '[\d-]+'", q))
+            else None
+            for t in conv.turns
+            for q in t.sql[:1]
+        ]
+        run, prev = 0, None
+        for cur in [*picks, None]:
+            if run and cur != prev:
+                runs.append(run)
+            run = run + 1 if cur is not None and cur == prev else int(cur is not None)
+            prev = cur
+    assert max(runs) == 1 + MAX_FOLLOW_UPS < SQL_STANDING_QUERIES
+    assert sum(r > 1 for r in runs) >= 20
+
+
+def test_held_out_files_phrase_their_choices_apart() -> None:
+    from memory_core.eval.filler import CHOICE_QUESTIONS, HELD_OUT_CHOICE_QUESTIONS
+
+    def starts(templates: tuple[str, ...]) -> set[str]:
+        return {t.split("{")[0] for t in templates}
+
+    held = [t.user_query for c in CONVERSATIONS if c.holdout and c.per_question for t in c.turns]
+    tuned = [t.user_query for c in CONVERSATIONS if not c.holdout for t in c.turns]
+    assert any("for this one" in q for q in held)
+    assert not any("for this one" in q for q in tuned)
+    assert not starts(CHOICE_QUESTIONS) & starts(HELD_OUT_CHOICE_QUESTIONS) - {""}

@@ -86,23 +86,22 @@ def test_a_later_instruction_supersedes_the_earlier_one(first: str, then: str) -
     assert key_of(section[0]) == detect(first)[0].key
 
 
-def test_sql_conditions_applied_twice_become_standing_and_a_revocation_drops_them() -> None:
+def test_sql_conditions_held_four_queries_in_a_row_stand_and_a_revocation_drops_them() -> None:
     q = "SELECT region, SUM(x) FROM orders o JOIN accounts a ON a.id = o.aid WHERE NOT a.is_test"
-    turns = [
-        turn(1, "Revenue by region", (q + " GROUP BY 1",)),
-        turn(2, "Top accounts", (q + " AND o.day BETWEEN 1 AND 5 ORDER BY 2",)),
-    ]
+    turns = [turn(n, "Revenue by region", (q + " GROUP BY 1",)) for n in (1, 2, 3)]
+    turns.append(turn(4, "Top accounts", (q + " AND o.day BETWEEN 1 AND 5 ORDER BY 2",)))
     summary = llm_free_fold(None, turns, 500)
     sections = parse_sections(summary)
     assert "Applied in SQL: NOT a.is_test" in sections["instructions"]
-    assert "Applied in SQL: o.day BETWEEN 1 AND 5" in sections["seen"]  # seen once
+    # seen once, with its count
+    assert "Applied in SQL: o.day BETWEEN 1 AND 5 (1 query in a row)" in sections["seen"]
     after = llm_free_fold(summary, [turn(3, "Include test accounts again please.")], 500)
     assert "is_test" not in after  # neither the condition nor the old queries that applied it
 
 
 def test_conjuncts_split_at_top_level_and_between_stays_whole() -> None:
     sql = "SELECT 1 FROM t WHERE a = 1 AND (b = 2 OR c = 3) AND d BETWEEN 1 AND 5 GROUP BY 1"
-    assert [text for _, text in sql_conditions(sql)] == [
+    assert [c.text for c in sql_conditions(sql)] == [
         "Applied in SQL: a = 1",
         "Applied in SQL: (b = 2 OR c = 3)",
         "Applied in SQL: d BETWEEN 1 AND 5",
@@ -235,18 +234,8 @@ def test_a_replacement_worded_differently_still_supersedes(first: str, then: str
 
 def test_a_user_instruction_revokes_the_conditions_it_speaks_about() -> None:
     q = "SELECT COUNT(*) FROM bookings b JOIN customers c ON c.id = b.cid WHERE "
-    turns = [
-        turn(
-            1,
-            "Bookings by month",
-            (q + "c.email NOT LIKE '%@test.travel' AND c.country IN ('DE', 'AT', 'CH')",),
-        ),
-        turn(
-            2,
-            "Bookings by week",
-            (q + "c.email NOT LIKE '%@test.travel' AND c.country IN ('DE', 'AT', 'CH')",),
-        ),
-    ]
+    where = "c.email NOT LIKE '%@test.travel' AND c.country IN ('DE', 'AT', 'CH')"
+    turns = [turn(n, "Bookings by month", (q + where,)) for n in range(1, 5)]
     summary = llm_free_fold(None, turns, 500)
     assert len([i for i in parse_sections(summary)["instructions"] if "Applied" in i]) == 2
     # Its values name the test bookings; a region scope is about the country column.
@@ -258,7 +247,7 @@ def test_a_user_instruction_revokes_the_conditions_it_speaks_about() -> None:
 
 def test_a_condition_the_latest_queries_on_its_table_left_out_is_no_longer_standing() -> None:
     base = "SELECT COUNT(*) FROM orders o WHERE o.day > 1"
-    applied = [turn(n, "Orders", (base + " AND NOT o.is_test",)) for n in (1, 2)]
+    applied = [turn(n, "Orders", (base + " AND NOT o.is_test",)) for n in (1, 2, 3, 4)]
     summary = llm_free_fold(None, applied, 500)
     assert "Applied in SQL: NOT o.is_test" in summary
     # Queries on another table say nothing about it; one query without it is not enough.

@@ -280,7 +280,11 @@ def test_the_builtin_prompt_asks_for_the_section_and_lists_what_code_found(
     prompt = llm.prompt_text()
     assert 'headed exactly "Standing instructions:"' in prompt
     found = prompt.split("<standing_instructions>", 1)[1].split("</standing_instructions>")[0]
-    assert found.strip() == "- Define active users as users with a login in the last 30 days"
+    # The condition the defining turn's query brought in stands with it: the user set it.
+    assert found.strip().splitlines() == [
+        "- Define active users as users with a login in the last 30 days",
+        "- Applied in SQL: last_login > now() - interval '30 days'",
+    ]
 
 
 # ------------------------------------------------------------------------- the LLM call

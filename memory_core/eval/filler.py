@@ -278,17 +278,16 @@ class Script:
             return self.chart()
         if kind == "dashboard" and self.charts:
             return self.pin()
-        if self.follow is not None:
-            return self.choice_question(turn)
-        if self.d.choices:  # every other question picks values of its own
+        if self.follow is None and self.d.choices:  # every other question picks its own
             self.next_is_choice = not self.next_is_choice
-            if self.next_is_choice:
-                return self.choice_question(turn)
+        if self.follow is not None or (self.d.choices and self.next_is_choice):
+            return self.choice_question(turn)
         return self.question(turn)
 
     def choice_question(self, turn: int) -> Turn:
         """A question that picks a value of a choice, a quarter and a top N for itself, or a
         follow-up that keeps the last one's."""
+        templates: tuple[str, ...]
         if self.follow is None:
             choice: Choice = self.rnd.choice(self.d.choices)
             value = self.rnd.choice(choice.values)

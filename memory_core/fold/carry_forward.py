@@ -26,7 +26,7 @@ from memory_core.copy.context import Exchange
 from memory_core.fold.llm_free import INSTRUCTIONS_HEADER, standing_after
 from memory_core.fold.summary_tail import fit_lines
 from memory_core.instructions.detect import content_words, key_of
-from memory_core.instructions.standing import InForce, same_matter
+from memory_core.instructions.in_force import InForce, same_matter
 from memory_core.tokens import count_tokens
 
 # Share of an instruction's content words that must appear in the section's lines for it to

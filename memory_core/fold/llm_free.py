@@ -6,11 +6,13 @@ order a view shows them (a view cuts a summary from its end, so what matters mos
 
 - `Standing instructions:` filters, definitions, scopes and conventions the user set
   (memory_core/instructions/detect.py), one per key, newest wording winning; a superseded one is
-  gone, and so are the SQL conditions and built queries it revoked. WHERE conditions that queries
-  applied more than once join them (`Applied in SQL: ...`).
+  gone, and so are the SQL conditions and built queries it revoked. WHERE conditions join them
+  (`Applied in SQL: ...`) when a turn that set an instruction brought them in, or when enough
+  queries in a row applied them with the same value (memory_core/instructions/standing.py).
 - `Earlier context:` free text read back from an earlier LLM summary.
 - `Goals:` and `Built:` one line per turn / artifact.
-- `Query filters:` WHERE conditions seen in one query so far (promoted when seen again).
+- `Query filters:` WHERE conditions not standing yet, each with the queries in a row that
+  applied it (a per-question choice stays here, or goes).
 
 Over the bound, the oldest entries go first: earlier context, then goals, built and query
 filters down to their newest three, then those too; standing instructions are trimmed last.
@@ -22,7 +24,7 @@ import re
 from collections.abc import Sequence
 
 from memory_core.copy.context import Exchange
-from memory_core.instructions.detect import Instruction, content_words, detect
+from memory_core.instructions.detect import Instruction, content_words, detect, states
 from memory_core.instructions.sql_conditions import SQL_PREFIX
 from memory_core.instructions.standing import Standing
 from memory_core.tokens import count_tokens, truncate_to_tokens
@@ -134,7 +136,7 @@ def _fold_pass(
             standing.instruct(ins)
         for art in ex.artifacts:
             if art.kind == "sql":
-                standing.query(art.sql)
+                standing.query(art.sql, found, states(ex.user_query))
             sections["built"].append(art.one_line())
     standing.drop_unapplied()
     cols, old = standing.revoked_columns, standing.replaced
@@ -142,7 +144,7 @@ def _fold_pass(
     # A goal that quoted a superseded instruction would present it as current.
     sections["goals"] = [g for g in sections["goals"] if not any(o in g.casefold() for o in old)]
     sections["instructions"] = [i.text for i in standing.items.values()][-_MAX_INSTRUCTIONS:]
-    sections["seen"] = [i.text for i in standing.seen.values()][-_MAX_ITEMS:]
+    sections["seen"] = standing.seen_lines()[-_MAX_ITEMS:]
     for key in ("earlier", "goals", "built"):
         sections[key] = _merge(sections[key])
     return sections, standing

@@ -3,5 +3,7 @@
 - `detect.py`: finding an instruction in a turn's words, and its subject.
 - `patterns.py`: the vocabulary (cues, verbs, categories) as plain regular expressions.
 - `sql_conditions.py`: the WHERE conditions the thread's queries applied.
+- `sql_select.py`: the conventions their SELECT lists applied (a time zone, a formula).
 - `standing.py`: the instructions in force while a fold reads its turns, one per subject.
+- `in_force.py`: an LLM's summary lines, judged against what `standing.py` computed.
 """

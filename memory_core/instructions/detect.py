@@ -33,6 +33,7 @@ from memory_core.instructions.patterns import (
     FIRST_CONVENTIONS,
     IMPERATIVE,
     OBJECT_END,
+    ONE_OFF,
     POLITE,
     QUESTION_START,
     REVOKE_FILTER,
@@ -203,6 +204,8 @@ _SENTENCE = re.compile(r"(?<=[.!?;])\s+|\n+")
 def _qualified_key(clause: str, text: str, raw: str) -> str | None:
     """The key `clause` (of sentence `text`) sets, or None (a question, a one-off request)."""
     cue = bool(CUE.search(text))
+    if ONE_OFF.search(text) and not STRONG_CUE.search(text):  # "just Laptops this time"
+        return None
     polite = bool(re.match(r"\s*(?:please|can you|could you|would you|will you)\b", raw, re.I))
     lasting = polite or bool(STRONG_CUE.search(text))
     asks = (raw.rstrip().endswith("?") and clause == text) or QUESTION_START.match(clause)
@@ -241,6 +244,34 @@ def _sentence_keys(raw: str, text: str) -> list[tuple[str, str]]:
         return list({k: (k, p) for k, p in reversed(found)}.values())[::-1]
     key = _qualified_key(text, text, raw) or (found[0][0] if found else None)
     return [(key, text)] if key else []
+
+
+_RULE_SHAPE = re.compile(
+    r"\b(?:is|are|means|mean|should|must|needs? to|has to|have to|counts?|counted|never"
+    r"|always|no more|not|don't|do not|instead|rather than|stays?|keep|exclude|throughout"
+    r"|everywhere|anywhere|everything|from now on|from here on|going forward|net of|ex)\b|=",
+    re.I,
+)
+# Imperatives that set how things are done, not what to fetch ("use", not "give me").
+_RULE_VERB = re.compile(
+    r"^(?:use|call|treat|measure|report|express|round|convert|define|count|quote|state)\b", re.I
+)
+
+
+@lru_cache(maxsize=1024)
+def states(query: str) -> bool:
+    """Does a message state something (a sentence that is no question, names no one-off
+    pick, and is shaped like a rule: a definition, a restriction, a must)? Weaker
+    than `detect`: it says a turn may have set something, not what."""
+    for raw in _SENTENCE.split(query):
+        text = _clean(raw.strip())
+        if not text or text.endswith("?") or len(text.split()) < 4:
+            continue
+        if QUESTION_START.match(text) or ONE_OFF.search(text):
+            continue
+        if _RULE_VERB.match(text) or _RULE_SHAPE.search(text):
+            return True
+    return False
 
 
 def detect(query: str) -> list[Instruction]:

@@ -31,6 +31,12 @@ CUE = _rx(
 STRONG_CUE = _rx(
     r"\b(?:from now on|going forward|from here on|by default|always|for the rest|remember)\b"
 )
+# A pick for one question, not a rule ("just Laptops this time", "for this one"): no instruction
+# unless a lasting cue says otherwise.
+ONE_OFF = _rx(
+    r"\b(?:this time|this once|just once|one[- ]off|for this one|just for this|for this (?:one"
+    r"|question|query|chart|number|table|breakdown|view|slice|cut)|for the moment)\b"
+)
 POLITE = _rx(
     r"^(?:please|pls|can you|could you|would you|will you|can we|could we|ok(?:ay)?|so|and"
     r"|also|actually|now|oh|hmm|right|alright|great|thanks|thank you|one more thing|btw"

@@ -1,10 +1,15 @@
 """WHERE conditions of the queries a thread ran: the instructions its artifacts applied.
 
-Each top-level conjunct of a WHERE clause is one condition, keyed by the columns it tests
-(`sql:country`, `sql:is_test`): a newer condition on the same columns replaces the older. A
-user instruction that speaks about a condition's columns or values revokes it ("include test
-accounts again" drops `NOT a.is_test` and `email NOT LIKE '%@test.com'`; a new region scope
-drops `country IN (...)`).
+Each top-level conjunct of a WHERE clause is one condition, keyed by the columns it tests and
+the kind of comparison (`sql:country`, `sql:is_test:not`, `sql:ordered_at:lower`): a newer
+condition under the same key replaces the older, while a lower and an upper bound, or a filter
+and an exclusion on one column, stand side by side. A user instruction that speaks about a
+condition's columns or values revokes it ("include test accounts again" drops `NOT a.is_test`
+and `email NOT LIKE '%@test.com'`; a new region scope drops `country IN (...)`).
+
+A condition that picks one period (`date_trunc('quarter', ts) = DATE '2024-07-01'`, a year, a
+`BETWEEN` of dates, or a lower and an upper date bound in one query) is what a question asks
+about, not a rule: `Condition.period` says so, and standing.py never promotes one from SQL alone.
 """
 
 from __future__ import annotations
@@ -12,7 +17,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from functools import lru_cache
+from typing import NamedTuple
 
+from memory_core.instructions.sql_select import select_key, selects
 from memory_core.write.artifacts import one_line
 
 SQL_PREFIX = "Applied in SQL: "
@@ -30,7 +37,8 @@ def _set(words: str) -> frozenset[str]:
 
 _SQL_NOISE = _set(
     "and or not is null in like ilike between true false select from where exists interval "
-    "now current_date date_trunc cast as case when then else end lower upper coalesce"
+    "now current_date date_trunc cast as case when then else end lower upper coalesce date "
+    "timestamp timestamptz time zone at extract date_part to_char current_timestamp"
 )
 # Columns a scope of each kind is about.
 SCOPE_COLUMNS = {
@@ -94,20 +102,96 @@ def qualifiers(condition: str) -> set[str]:
     return {n.split(".")[0].lower() for n in _names(condition) if "." in n}
 
 
+# The kind of comparison a condition makes (its first operator outside string literals).
+_OPERATOR = re.compile(
+    r"<>|!=|>=?|<=?|=|\bnot\s+(?:in|i?like|between)\b|\bis\s+not\b|\bin\b|\bi?like\b|\bbetween\b"
+    r"|\bis\b|^\s*not\b",
+    re.I,
+)
+_KINDS = {">": "lower", ">=": "lower", "<": "upper", "<=": "upper", "between": "range"}
+
+
+def comparison(condition: str) -> str:
+    """ "" (equality, membership, a bare flag), "not", "lower", "upper" or "range"."""
+    m = _OPERATOR.search(_STRING.sub("''", condition))
+    if m is None:
+        return ""
+    op = " ".join(m.group(0).lower().split())
+    if op in ("<>", "!=") or op.startswith("not") or op == "is not":
+        return "not"
+    return _KINDS.get(op, "")
+
+
 def sql_key(condition: str) -> str:
-    cols = columns(condition.removeprefix("WHERE ").strip())
-    return "sql:" + ",".join(cols) if cols else "sql:" + condition.casefold()[:80]
+    """The key of a WHERE condition (or of a SELECT convention, sql_select.py)."""
+    if key := select_key(condition):
+        return key
+    cond = condition.removeprefix("WHERE ").strip()
+    cols = columns(cond)
+    kind = comparison(cond)
+    key = "sql:" + ",".join(cols) if cols else "sql:" + cond.casefold()[:80]
+    return f"{key}:{kind}" if kind and cols else key
+
+
+def key_columns(key: str) -> set[str]:
+    """The columns an `sql:` key names."""
+    return set(key.removeprefix("sql:").partition(":")[0].split(","))
+
+
+_DATE = re.compile(r"(?:\b(?:date|timestamp|timestamptz)\s*)?'\d{4}-\d{2}(?:-\d{2})?[^']*'", re.I)
+_PERIOD_FUNCTION = re.compile(r"\b(?:date_trunc|extract|date_part|to_char|trunc)\s*\(", re.I)
+_PERIOD_COLUMN = re.compile(
+    r"^\s*(?:\w+\.)?(?:year|quarter|month|week|day|date|period|fiscal_\w+)\s*(?:=|in\b)", re.I
+)
+
+
+def _day(cond: str) -> str:
+    """The first date literal's digits (`2024-04-01`), "" when there is none."""
+    m = _DATE.search(cond)
+    return re.sub(r"[^\d-]", "", m.group(0)) if m else ""
+
+
+class Condition(NamedTuple):
+    key: str
+    text: str  # as shown: "Applied in SQL: ..."
+    period: bool  # picks one period: what a question asks about, never promoted from SQL
+
+
+def _one_period(cond: str, kind: str) -> bool:
+    """Does a condition alone pick one period (an equality on a period, a range of dates)?"""
+    if kind == "range":
+        return bool(_DATE.search(cond) or _PERIOD_FUNCTION.search(cond))
+    if kind == "":
+        dated = _PERIOD_FUNCTION.search(cond) or _PERIOD_COLUMN.match(cond)
+        return bool(dated or _DATE.search(cond))
+    return False
 
 
 # A fold parses each folded query more than once (the prompt's standing section, then
-# carry_forward, then `applies` per standing condition): keep recent answers, bounded.
+# carry_forward, then `holds` per standing condition): keep recent answers, bounded.
 @lru_cache(maxsize=1024)
-def sql_conditions(sql: str) -> tuple[tuple[str, str], ...]:
-    """(key, shown text) of each WHERE conjunct of a query."""
+def sql_conditions(sql: str) -> tuple[Condition, ...]:
+    """Each WHERE conjunct of a query: its key, its shown text, whether it picks a period (a
+    lower and an upper date bound on the same columns together do too)."""
+    flat = [one_line(c, 10 * MAX_CHARS) for cl in _where_clauses(sql) for c in _split_and(cl)]
+    conds = [(sql_key(cond), cond, comparison(cond)) for cond in flat if cond]
+    keys = {k for k, _, _ in conds}
+    bounds = ("lower", "upper")
+    dated = {k.rpartition(":")[0] for k, c, kind in conds if kind in bounds and _DATE.search(c)}
+    closed = {col for col in dated if all(f"{col}:{b}" in keys for b in bounds)}
+    # Of several lower bounds on a closed column, the latest starts the period (an earlier
+    # one is the thread's start: "since 2024", then "Q2 2024").
+    starts = {col: max(_day(c) for k, c, _ in conds if k == f"{col}:lower") for col in closed}
+
+    def period(key: str, cond: str, kind: str) -> bool:
+        col = key.rpartition(":")[0]
+        if kind == "upper" or col not in closed:
+            return _one_period(cond, kind) or (kind == "upper" and col in closed)
+        return kind == "lower" and _day(cond) == starts[col]
+
     return tuple(
-        (sql_key(cond), one_line(SQL_PREFIX + cond, MAX_CHARS))
-        for clause in _where_clauses(sql)
-        for cond in _split_and(clause)
+        Condition(key, one_line(SQL_PREFIX + cond, MAX_CHARS), period(key, cond, kind))
+        for key, cond, kind in conds
     )
 
 
@@ -142,12 +226,15 @@ def revokes(subject_words: set[str], scope_kind: str | None, condition_text: str
     return bool({_singular(w) for w in subject_words} & words)
 
 
-def applies(condition_text: str, sql: str) -> bool | None:
-    """Does a query apply this condition? None when it does not touch the condition's table
-    (its alias, or for an unqualified condition its columns, do not appear in the query)."""
+def holds(condition_text: str, sql: str) -> bool | None:
+    """Does a query apply this very condition (same columns, comparison and value)? None when
+    it does not touch the condition's table (its alias, or for an unqualified condition its
+    columns, do not appear in the query)."""
     cond = condition_text.removeprefix(SQL_PREFIX)
-    key = sql_key(cond)
-    if any(k == key for k, _ in sql_conditions(sql)):
+    if select_key(cond) is not None:
+        return selects(condition_text, sql)
+    shown = one_line(SQL_PREFIX + cond, MAX_CHARS)
+    if any(c.text == shown for c in sql_conditions(sql)):
         return True
     refs = qualifiers(cond)
     pattern = (

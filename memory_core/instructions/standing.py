@@ -2,18 +2,21 @@
 
 Read back from the previous summary, then updated turn by turn: a user instruction replaces
 the one on the same subject (`instructions.same_subject`) and revokes the SQL conditions it
-speaks about; a WHERE condition applied by two queries becomes standing (seen once, it waits in
-`seen`); a standing condition that the fold's latest two queries on its table no longer apply
-has been dropped by the agent, and goes too.
+speaks about; a WHERE condition becomes standing once `SQL_STANDING_QUERIES` queries in a row on
+its table applied it with the same value (until then it waits in `seen`, with its count; a
+value that changes or a query that leaves it out is a per-question choice, and it starts
+again); a condition that picks one period never stands from SQL alone; a standing condition
+that the fold's latest two queries on its table no longer apply (left out, or with another
+value) has been dropped by the agent, and goes too.
 
-`InForce` judges the lines an LLM wrote against what this computed
+in_force.py judges the lines an LLM wrote against what this computed
 (memory_core/fold/carry_forward.py).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 from memory_core.instructions.detect import (
     Instruction,
@@ -22,17 +25,31 @@ from memory_core.instructions.detect import (
     same_subject,
     scope_kind,
 )
-from memory_core.instructions.patterns import SCOPE_RESET, STOP_WORDS
+from memory_core.instructions.patterns import STOP_WORDS
 from memory_core.instructions.sql_conditions import (
-    applies,
     condition_values,
     condition_words,
+    holds,
+    key_columns,
     revokes,
     sql_conditions,
 )
+from memory_core.instructions.sql_select import (
+    SELECT_KEY,
+    TZ_KEY,
+    feature_words,
+    identifiers,
+    select_features,
+)
 
+# Share of a line's words found in a superseded wording for a line on another key (its own
+# words: "Quarters are fiscal, starting in April") to count as saying it.
+SAYS_OLD = 0.75
 # Later queries on a condition's table that must all leave it out before it is dropped.
 UNAPPLIED_QUERIES = 2
+# Queries in a row on its table that must apply a WHERE condition with the same value before it
+# stands (docs/ARCHITECTURE.md, "Standing instructions"): fewer, it is a per-question choice.
+SQL_STANDING_QUERIES = 4
 
 
 def _speaks_about(ins: Instruction, condition: str) -> bool:
@@ -58,6 +75,11 @@ def stems(text: str) -> set[str]:
         for w in words
         if (w.isdigit() or len(w) > 2) and w not in STOP_WORDS and w not in _AUX
     }
+
+
+def feature_stems(text: str) -> set[str]:
+    """The words of a SELECT convention's columns and alias, cut as `stems` cuts."""
+    return {w if len(w) < 5 else w[:5] for w in feature_words(text)}
 
 
 def share(text: str, other: str) -> float:
@@ -87,16 +109,27 @@ def names_subject(key: str, text: str) -> bool:
 
 
 class Standing:
-    """Instructions in force (one per key, oldest first) and SQL conditions seen once."""
+    """Instructions in force (one per key, oldest first) and SQL conditions not standing yet,
+    with how many queries in a row have applied each (`counts`)."""
 
     def __init__(self, instructions: list[str], seen: list[str]) -> None:
         self.items = {key_of(t): Instruction(key_of(t), t) for t in instructions}
-        self.seen = {key_of(t): Instruction(key_of(t), t) for t in seen}
+        self.seen: dict[str, Instruction] = {}
+        self.counts: dict[str, int] = {}
+        for line in seen:
+            text, count = parse_seen(line)
+            self.seen[key_of(text)] = Instruction(key_of(text), text)
+            self.counts[key_of(text)] = count
         self.revoked_columns: set[str] = set()
         self.replaced: list[str] = []  # wordings superseded in this fold, casefolded
         self._queries: list[str] = []
         self._applied_at: dict[str, int] = {}  # sql key -> index of the last query applying it
         self._lifts: list[int] = []  # queries seen when each take-back of this fold came
+        self._selects: dict[str, str] = {}  # SELECT conventions this fold's queries applied
+
+    def seen_lines(self) -> list[str]:
+        """The conditions not standing yet, as the summary's `Query filters:` keeps them."""
+        return [seen_line(i.text, self.counts.get(k, 1)) for k, i in self.seen.items()]
 
     def instruct(self, ins: Instruction) -> None:
         """A user instruction: it replaces the one on its subject and the conditions it
@@ -114,12 +147,19 @@ class Standing:
             self.items.pop(k).text for k in others if _about(ins, k, self.items[k].text, popped)
         ]
         self.replaced += [t.casefold() for t in popped if t != ins.text]
+        # The SELECT conventions a replaced instruction or this one names go ("use fiscal
+        # quarters" and `fiscal_quarter(...)`, "forget the SEK" and `SUM(t.amount_sek)`):
+        # the turn's query brings the ones in force now.
+        named = {w for t in [*popped, ins.text] for w in stems(t)}
+        for key in [k for k in self.items if k.startswith(SELECT_KEY)]:
+            if named & feature_stems(self.items[key].text):
+                del self.items[key]
         revoked: set[str] = set()
         revoked_values: set[str] = set()
         for table in (self.items, self.seen):
             for key in [k for k, v in table.items() if k.startswith("sql:")]:
                 if _speaks_about(ins, table[key].text):
-                    self.revoked_columns |= set(key.removeprefix("sql:").split(","))
+                    self.revoked_columns |= key_columns(key)
                     text = table.pop(key).text
                     revoked |= condition_words(text)
                     revoked_values |= condition_values(text)
@@ -137,160 +177,120 @@ class Standing:
             if words & subject or values & content_words(self.items[key].text):
                 self.replaced.append(self.items.pop(key).text.casefold())
 
-    def query(self, sql: str) -> None:
-        """A query a turn ran: its conditions count as applied."""
+    def query(self, sql: str, said: Sequence[Instruction] = (), stated: bool = False) -> None:
+        """A query a turn ran; `said`: the instructions its user message set, `stated`: the
+        message states something, found or not (`detect.states`). A
+        condition it applies that is standing already stays; one the query brings in when the
+        user stated something stands at once (the user set it); any other counts one more
+        query in a row, and stands once `SQL_STANDING_QUERIES` queries in a row on its table
+        have applied it with the same value (a value that changes, or that a query on its
+        table leaves out, starts again: a per-question choice). A condition that picks one
+        period never stands from SQL alone, nor, on a statement the detector found nothing in,
+        a pick of a value (an equality: it may be one question's). Its SELECT conventions
+        stand only when the user stated something (`_selected`)."""
         index = len(self._queries)
         self._queries.append(sql)
-        for key, text in sql_conditions(sql):
-            self._applied_at[key] = index
-            if key in self.items or self.seen.pop(key, None) is not None:
+        conditions = sql_conditions(sql)
+        for cond in conditions:
+            key, text = cond.key, cond.text
+            if key in self.items and self.items[key].text == text:
+                self._applied_at[key] = index
+                self.items[key] = self.items.pop(key)  # still applied: newest last
+                continue
+            if cond.period:
+                continue
+            same = key in self.seen and self.seen[key].text == text
+            count = self.counts.get(key, 0) + 1 if same else 1
+            picks = not key.endswith((":not", ":lower", ":upper", ":range"))
+            if count >= SQL_STANDING_QUERIES or (not same and (said or (stated and not picks))):
+                self.seen.pop(key, None)
+                self.counts.pop(key, None)
                 self.items.pop(key, None)
-                self.items[key] = Instruction(key, text)  # applied twice: a convention
+                self.items[key] = Instruction(key, text)
+                self._applied_at[key] = index
             else:
-                self.seen[key] = Instruction(key, text)
+                self.seen.pop(key, None)
+                self.seen[key], self.counts[key] = Instruction(key, text), count
+        applied = {c.key for c in conditions}
+        for key in [k for k in self.seen if k not in applied]:
+            if holds(self.seen[key].text, sql) is False:  # its table, without it: not a rule
+                del self.seen[key]
+                self.counts.pop(key, None)
+        self._selected(sql, said, stated, index)
+
+    def _selected(self, sql: str, said: Sequence[Instruction], stated: bool, index: int) -> None:
+        """The query's SELECT conventions (sql_select.py). One standing already stays. A
+        formula seen for the first time is the agent's own and stays out, one that changed
+        (another expression under an alias selected before, a time zone) is a candidate
+        that stands after `SQL_STANDING_QUERIES` queries in a row; when the user stated
+        something in this turn, either stands at once: the user set it. What a stated change
+        took out of an expression (`o.amount_gbp` for `o.amount_usd`) retires the other
+        standing conventions built on it."""
+        words = {w for ins in said for w in stems(ins.text)}
+        for key, text in select_features(sql):
+            current = self.items.get(key)
+            if current is not None and current.text == text:
+                self._applied_at[key] = index
+                self.items[key] = self.items.pop(key)
+                continue
+            before, self._selects[key] = self._selects.get(key), text
+            candidate = self.seen.get(key)
+            if candidate is not None and candidate.text == text:
+                count = self.counts.get(key, 1) + 1
+            else:
+                changed = current or candidate or key == TZ_KEY or before not in (None, text)
+                count = 1 if changed else 0
+            first = before is None and current is None and candidate is None
+            named = bool(words & feature_stems(text))
+            if ((said or stated) and (count or named or first)) or count >= SQL_STANDING_QUERIES:
+                self._stand(key, text, index)
+                old = current.text if current is not None else before
+                if old is not None and (said or stated):
+                    self._retire(identifiers(old) - identifiers(text), keep=key)
+            elif count:
+                self.seen.pop(key, None)
+                self.seen[key], self.counts[key] = Instruction(key, text), count
+
+    def _stand(self, key: str, text: str, index: int) -> None:
+        self.seen.pop(key, None)
+        self.counts.pop(key, None)
+        self.items.pop(key, None)
+        self.items[key] = Instruction(key, text)
+        self._applied_at[key] = index
+
+    def _retire(self, gone: set[str], keep: str) -> None:
+        """Standing SELECT conventions that read a column a stated change took out."""
+        for key in [k for k in self.items if k.startswith(SELECT_KEY) and k != keep]:
+            if gone & identifiers(self.items[key].text):
+                del self.items[key]
 
     def drop_unapplied(self) -> None:
-        """Standing conditions the latest queries on their table stopped applying. When the
-        user took a restriction back in this fold before those queries ("the 22:00-06:00 crew
-        counts again"), the instruction the condition applied ("the night shift is out") goes
-        too: the take-back named it differently, the queries show which one it lifted."""
+        """Standing conditions the latest queries on their table stopped applying (left out,
+        or with another value). When the user took a restriction back in this fold before
+        those queries ("the 22:00-06:00 crew counts again"), the instruction the condition
+        applied ("the night shift is out") goes too: the take-back named it differently, the
+        queries show which one it lifted."""
         for key in [k for k in self.items if k.startswith("sql:")]:
             text = self.items[key].text
             start = self._applied_at.get(key, -1) + 1
-            touching = [q for q in self._queries[start:] if applies(text, q) is not None]
-            if len(touching) >= UNAPPLIED_QUERIES and not any(applies(text, q) for q in touching):
+            touching = [q for q in self._queries[start:] if holds(text, q) is not None]
+            if len(touching) >= UNAPPLIED_QUERIES and not any(holds(text, q) for q in touching):
                 del self.items[key]
                 if any(lift >= start for lift in self._lifts):  # after its last use
                     self._drop_linked(condition_words(text), condition_values(text))
 
 
-# ---------------------------------------------------------------- the model's lines, judged
-
-# Words that make a line history, not what holds now ("fiscal quarters no longer apply").
-NO_LONGER = re.compile(
-    r"\b(?:previously|no longer|superseded|replaced|instead of|used to|formerly|earlier"
-    r"|originally|initially|at first)\b",
-    re.I,
-)
-# A line outside the section longer than this is prose: left alone (it goes whole or not).
-STATEMENT_WORDS = 30
-# Share of a line's words found in a superseded wording for a line on another key (its own
-# words: "Quarters are fiscal, starting in April") to count as saying it.
-SAYS_OLD = 0.75
-# Share of words a line under an instruction's key must have in common with it to say it.
-SAME_MATTER = 0.5
-_LETS_IN = re.compile(
-    r"\b(?:includ\w*|again|back|counts?|counted"
-    r"|(?:no longer|stop|quit|don't|do not|never|not)\s+(?:be\s+)?"
-    r"(?:exclud|leav|left|drop|remov|filter|omit|skip|ignor)\w*)\b",
-    re.I,
-)
-_KEEPS_OUT = re.compile(
-    r"\b(?:exclud\w*|leav\w*\s+out|left\s+out|drop\w*|remov\w*|without|filter\w*\s+out|omit\w*"
-    r"|skip\w*|ignor\w*|no|not|except\w*|hid\w*)\b",
-    re.I,
-)
-_SCOPE_ALL = re.compile(r"\b(?:all|every|global|worldwide|whole|any)\b", re.I)
-_SCOPE_ONLY = re.compile(r"\b(?:only|just|exclusively|limit\w*|restrict\w*|focus\w*)\b", re.I)
-# What an instruction's value is: a code (EUR, UTC), a number, a month, fiscal or calendar.
-_CODE = re.compile(r"\b[A-Z]{3}\b")
-_ACRONYMS = frozenset({"sql", "kpi", "api", "csv", "etl", "and", "the", "not", "for", "all"})
-_VALUE = re.compile(
-    r"\b(?:\d+(?:[.,]\d+)?|fiscal|calendar|january|february|march|april|june|july|august"
-    r"|september|october|november|december|thousands?|millions?|billions?)\b",
-    re.I,
-)
+_SEEN_COUNT = re.compile(r"\s+\((\d+) quer(?:y|ies) in a row\)$")
 
 
-def same_matter(text: str, instruction: str) -> bool:
-    """Do a line and an instruction under the same key say the same thing, in any words?
-    ("weeks start on Sunday" and "use fiscal quarters that start in April" do not: both are
-    `calendar`.)"""
-    return max(share(text, instruction), share(instruction, text)) >= SAME_MATTER
+def seen_line(text: str, count: int) -> str:
+    """A condition not standing yet, with the queries in a row that applied it."""
+    return f"{text} ({count} {'query' if count == 1 else 'queries'} in a row)"
 
 
-def keeps_out(key: str, text: str) -> bool | None:
-    """Does `text` (on a filter or scope `key`) keep something out (True) or let it (back) in
-    (False)? None when it does not say, or the key is of another kind."""
-    kind = key.partition(":")[0]
-    if kind == "filter":
-        if _LETS_IN.search(text):
-            return False
-        return True if _KEEPS_OUT.search(text) else None
-    if kind == "scope":
-        if SCOPE_RESET.search(text) or _SCOPE_ALL.search(text):
-            return False
-        return True if _SCOPE_ONLY.search(text) else None
-    return None
-
-
-def values(text: str) -> set[str]:
-    found = {v.casefold() for v in _CODE.findall(text)} - _ACRONYMS
-    return found | {v.casefold() for v in _VALUE.findall(text)}
-
-
-def contradicts(text: str, current: str) -> bool:
-    """Does a line on the subject of the instruction `current` say otherwise: the other way
-    round ("test accounts are excluded" / "include test accounts again"), or with a value
-    the instruction does not name ("amounts in USD" / "show amounts in EUR")?"""
-    key = key_of(current)
-    mine, theirs = keeps_out(key, text), keeps_out(key, current)
-    if mine is not None and theirs is not None and mine != theirs:
-        return True
-    named = values(text)
-    return bool(named) and not named <= values(current)
-
-
-@dataclass(frozen=True)
-class _Change:
-    old: str  # a wording the folded turns superseded (casefolded)
-    key: str
-    current: str | None  # what is in force on its subject now, if anything
-
-
-class InForce:
-    """The instructions in force after a fold and the wordings it superseded
-    (`llm_free_fold.standing_after`), to judge the lines a model wrote."""
-
-    def __init__(self, expected: list[str], replaced: list[str]) -> None:
-        self.by_key = {key_of(t): t for t in expected}
-        self.changes = [_Change(o, k, self.current(k)) for o in replaced for k in [key_of(o)]]
-
-    def current(self, key: str) -> str | None:
-        return next((t for k, t in self.by_key.items() if k == key or same_subject(k, key)), None)
-
-    def removes(self, text: str, in_section: bool) -> bool:
-        """Must this line of the model go? It says what the folded turns superseded (in the
-        section: more like the old wording than the new, or the other way round from the
-        new; elsewhere: mostly the old wording's words), or, in the section, it contradicts
-        an instruction in force."""
-        if not text or NO_LONGER.search(text) or len(text.split()) > STATEMENT_WORDS:
-            return False
-        if not self.changes and not in_section:
-            return False
-        key = key_of(text)
-        current = self.current(key)
-        for change in self.changes:
-            similar = share(text, change.old)
-            on_subject = key == change.key or same_subject(key, change.key)
-            if key.startswith("text:") and names_subject(change.key, text):
-                on_subject = True
-            if current is not None and current == change.current:
-                on_subject = True
-            if not (on_subject or similar >= SAYS_OLD):
-                continue
-            new = change.current
-            if new is None:  # the subject was dropped altogether
-                stale = similar >= 0.5
-            elif in_section:
-                stale = similar > share(text, new) or contradicts(text, new)
-            else:
-                stale = similar >= 0.5 and similar > share(text, new)
-            if stale:
-                return True
-        if not in_section or current is None:
-            return False
-        # One instruction per key is read back: another matter under its key would displace it.
-        return contradicts(text, current) or (
-            key == key_of(current) and not same_matter(text, current)
-        )
+def parse_seen(line: str) -> tuple[str, int]:
+    """(condition text, queries in a row) of a `Query filters:` line; 1 when it does not say."""
+    m = _SEEN_COUNT.search(line)
+    if m is None:
+        return line, 1
+    return line[: m.start()], max(1, min(int(m.group(1)), SQL_STANDING_QUERIES - 1))
