@@ -118,6 +118,10 @@ class MemoryState(TypedDict, total=False):
     # The previous run's turn when it was enqueued (its memory_outcome["session_id"]): the load
     # waits for it to land (MEMORY_READ_WAIT_S), then flags it in missing_session_ids if not.
     await_session_id: str
+    # What this run's planner says the user set for the rest of the thread ({subject, text},
+    # text None withdraws): finalize sends it as the snapshot's standing_instructions. An
+    # agent that declares sets it on every run (an empty list when nothing changed).
+    standing_instructions: list[dict[str, str | None]]
 
 
 # -- conversation memory in the state --------------------------------------------------------
@@ -275,7 +279,8 @@ def context_view(
 
 
 def snapshot_from_state(state: Mapping[str, Any], **turn: Any) -> dict[str, Any]:
-    """A TurnSnapshot dict: ids and query from the state, the run's results from `turn`."""
+    """A TurnSnapshot dict: ids and query from the state (and the standing instructions the
+    run declared, when it did), the run's results from `turn`."""
     base = {
         "session_id": state["session_id"],
         "thread_id": state["thread_id"],
@@ -283,6 +288,8 @@ def snapshot_from_state(state: Mapping[str, Any], **turn: Any) -> dict[str, Any]
         "agent_type": state.get("agent_type", "chat"),
         "user_query": state["user_query"],
     }
+    if state.get("standing_instructions") is not None:
+        base["standing_instructions"] = list(state["standing_instructions"])
     return {**base, **turn}
 
 

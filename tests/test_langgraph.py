@@ -267,7 +267,8 @@ def test_rejected_sql_is_neither_run_nor_remembered(checkpointer: Any) -> None:
     final = graph.invoke(Command(resume={"approved": False, "by": "test"}), config)
     assert "not approved" in final["answer"] and "result" not in final
     assert final["memory_outcome"]["status"] == "saved"
-    assert turns(tid)[0].artifacts == []
+    # No SQL, no chart: only what the agent declares (nothing, for this question).
+    assert turns(tid)[0].artifacts == [{"kind": "standing", "items": []}]
 
 
 def test_the_llm_writes_sql_from_the_sql_view(
@@ -290,16 +291,26 @@ def test_the_llm_writes_sql_from_the_sql_view(
     assert graph.get_state(run_config(inp["session_id"])).values["sql"] == llm_sql
 
 
-def test_three_runs_of_one_thread_in_separate_processes(memory: RedisConversationMemory) -> None:
+def test_four_runs_of_one_thread_in_separate_processes(memory: RedisConversationMemory) -> None:
     tid, owner = str(uuid.uuid4()), f"lg-{uuid.uuid4().hex[:6]}"
     out = example("--thread", tid, "--owner", owner)
     assert out.returncode == 0, out.stdout + out.stderr
     pids = [line.rsplit(" ", 2)[-2] for line in out.stdout.splitlines() if "· process" in line]
-    assert len(pids) == len(set(pids)) == 5  # start+resume, start+resume, start
+    assert len(pids) == len(set(pids)) == 7  # start+resume twice, start, start+resume
     assert "read from Postgres (no Redis copy: rehydrated)" in out.stdout
     rows = turns(tid)
-    assert [r.seq for r in rows] == [1, 2, 3]  # each run finalized its turn
-    sql1, sql2, sql3 = (r.artifacts[0]["sql"] for r in rows)
+    assert [r.seq for r in rows] == [1, 2, 3, 4]  # each run finalized its turn
+    # Run 1 declared the standing instruction; the others declared nothing new.
+    declared = [r.artifacts[-1] for r in rows]
+    assert [a["kind"] for a in declared] == ["standing"] * 4
+    assert declared[0]["items"] == [
+        {"subject": "returns", "text": "Leave out returns (SQL: NOT is_return)"}
+    ]
+    assert [a["items"] for a in declared[1:]] == [[], [], []]
+    # Run 4 asks a new question without the word "returns": memory's section supplied it.
+    sql4 = rows[3].artifacts[0]["sql"]
+    assert "SUM(quantity)" in sql4 and "NOT is_return" in sql4
+    sql1, sql2, sql3 = (r.artifacts[0]["sql"] for r in rows[:3])
     where1 = sql1[sql1.index("WHERE") :]
     assert "NOT is_return" in where1 and "2025" in where1
     assert where1 in sql2 and "GROUP BY region" in sql2  # run 2 extends run 1, same filters
@@ -307,4 +318,4 @@ def test_three_runs_of_one_thread_in_separate_processes(memory: RedisConversatio
     viz = rows[2].artifacts[1]
     assert viz["kind"] == "visualization" and viz["type"] == "CHART"
     assert (viz["chart"], viz["x"], viz["y"]) == ("column", ["region"], ["revenue"])
-    assert [t.seq for t in memory.get_context(tid, owner).recent] == [1, 2, 3]
+    assert [t.seq for t in memory.get_context(tid, owner).recent] == [1, 2, 3, 4]

@@ -308,10 +308,10 @@ def test_the_example_async_plays_the_same_transcript() -> None:
     assert "graph: async: astream, AsyncPostgresSaver" in played.stdout
     assert "graph: sync: stream, PostgresSaver" in sync.stdout
     assert normalized(played.stdout) == normalized(sync.stdout)
-    # The same conversation: paused and resumed twice, three turns, the same artifacts.
-    assert played.stdout.count("· resume · process") == 2
+    # The same conversation: paused and resumed three times, four turns, the same artifacts.
+    assert played.stdout.count("· resume · process") == 3
     assert [r.artifacts for r in turns(async_tid)] == [r.artifacts for r in turns(sync_tid)]
-    assert [r.seq for r in turns(async_tid)] == [1, 2, 3]
+    assert [r.seq for r in turns(async_tid)] == [1, 2, 3, 4]
 
 
 def test_the_example_enqueued_runs_wait_for_the_previous_turn(
@@ -330,10 +330,11 @@ def test_the_example_enqueued_runs_wait_for_the_previous_turn(
         env={"MEMORY_READ_WAIT_S": "60"},
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    assert out.stdout.count("turn enqueued (enqueue, session") == 3
+    assert out.stdout.count("turn enqueued (enqueue, session") == 4
     waited = re.findall(r"waited for the previous turn \(session \w{8}\): (.+)", out.stdout)
-    assert waited == ["in memory", "in memory"]  # runs 2 and 3
+    assert waited == ["in memory"] * 3  # runs 2, 3 and 4
     rows = turns(tid)
-    assert [r.seq for r in rows] == [1, 2, 3]
+    assert [r.seq for r in rows] == [1, 2, 3, 4]
+    assert "NOT is_return" in rows[3].artifacts[0]["sql"]  # run 4 read run 1's declaration
     sql1, sql2 = rows[0].artifacts[0]["sql"], rows[1].artifacts[0]["sql"]
     assert sql1[sql1.index("WHERE") :] in sql2  # run 2 saw turn 1's SQL: it waited for it

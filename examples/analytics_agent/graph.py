@@ -134,7 +134,14 @@ class AnalyticsAgent:
         detail = what.get(plan["kind"], f"a {plan.get('chart')} chart of the last result")
         if plan.get("dimension"):
             detail += f", broken down by {plan['dimension']}"
-        return {"plan": plan, "trace": [f"{size} -> {plan['kind']}: {detail}"]}
+        trace = [f"{size} -> {plan['kind']}: {detail}"]
+        # This agent declares: what the user set for the rest of the thread, every run.
+        declared = planner.declare(state["user_query"])
+        for d in declared:
+            trace.append(
+                f"declares standing instruction ({d['subject']}): {d['text'] or 'withdrawn'}"
+            )
+        return {"plan": plan, "standing_instructions": declared, "trace": trace}
 
     def write_sql(self, state: AgentState) -> dict[str, Any]:
         view, size = _view(state, "sql")
@@ -153,8 +160,11 @@ class AnalyticsAgent:
                 f"extends the SQL of turn #{prior.seq} (same filters) by {plan['dimension']}"
             )
         if sql is None:
-            sql = planner.new_sql(question, plan.get("dimension"))
+            standing = planner.standing_conditions(view, state.get("standing_instructions", []))
+            sql = planner.new_sql(question, plan.get("dimension"), standing)
             origin = (origin + "; " if origin else "") + "new query from the question"
+            if standing:
+                origin += " and the standing instructions in force"
         shown = "\n".join(f"    {line}" for line in sql.splitlines())
         return {"plan": plan, "sql": sql, "trace": [f"{size} -> {origin}:\n{shown}"]}
 

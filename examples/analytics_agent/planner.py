@@ -48,8 +48,51 @@ def plan_intent(question: str, brief_view: str) -> dict[str, Any]:
     return {"kind": "new_query", "dimension": dimension}
 
 
-def new_sql(question: str, dimension: str | None = None) -> str:
-    """SQL for a fresh question: metric, year, returns filter, optional breakdown."""
+# -- standing instructions: what the user sets for the rest of the thread --------------------
+
+_LASTING = re.compile(r"\b(?:from now on|going forward|always|by default|for the rest)\b", re.I)
+_NO_RETURNS = re.compile(r"\b(?:leave out|exclude|excluding|without|drop|ignore)\s+returns\b", re.I)
+_RETURNS_BACK = re.compile(
+    r"\b(?:include|count|bring back)\s+returns\s+again\b|\bstop excluding returns\b", re.I
+)
+_ONLY_REGION = re.compile(r"\bonly (?:the )?(north|south|east|west) region\b", re.I)
+_ALL_REGIONS = re.compile(r"\ball regions again\b", re.I)
+_DECLARED = re.compile(r"^\s*- Declared \((?P<subject>[^()]+)\): (?P<text>.*)$", re.MULTILINE)
+_APPLIED = re.compile(r"\(SQL: (?P<sql>.+)\)$")
+
+
+def declare(question: str) -> list[dict[str, str | None]]:
+    """What the user sets for the rest of the thread in this question, as the agent declares
+    it to memory (`standing_instructions`): subject, and a text whose `(SQL: ...)` is the
+    condition the planner applies; None withdraws the subject. [] when nothing changes."""
+    out: list[dict[str, str | None]] = []
+    if _RETURNS_BACK.search(question):
+        out.append({"subject": "returns", "text": None})
+    elif _LASTING.search(question) and _NO_RETURNS.search(question):
+        out.append({"subject": "returns", "text": "Leave out returns (SQL: NOT is_return)"})
+    if _ALL_REGIONS.search(question):
+        out.append({"subject": "region", "text": None})
+    elif _LASTING.search(question) and (m := _ONLY_REGION.search(question)):
+        region = m.group(1).capitalize()
+        out.append(
+            {"subject": "region", "text": f"Only the {region} region (SQL: region = '{region}')"}
+        )
+    return out
+
+
+def standing_conditions(view: str, declared: list[dict[str, str | None]]) -> list[str]:
+    """The WHERE conditions of the standing instructions in force: those the view's summary
+    section declares (memory applies newer declarations over older ones), with this run's
+    own declarations over them."""
+    texts = {m["subject"]: m["text"] for m in _DECLARED.finditer(view)}
+    texts.update({d["subject"]: d["text"] for d in declared if d["subject"]})
+    found = [_APPLIED.search(t) for t in texts.values() if t]
+    return [m["sql"] for m in found if m]
+
+
+def new_sql(question: str, dimension: str | None = None, standing: list[str] | None = None) -> str:
+    """SQL for a fresh question: metric, year, returns filter, the standing conditions in
+    force, optional breakdown."""
     q = question.lower()
     if re.search(r"\b(how many|number of|count of) orders\b", q):
         select = "COUNT(*) AS orders"
@@ -64,6 +107,7 @@ def new_sql(question: str, dimension: str | None = None) -> str:
         where.append(f"order_date >= DATE '{y}-01-01' AND order_date < DATE '{y + 1}-01-01'")
     if re.search(r"\b(excluding|excl\.?|without|net of|minus)\s+returns?\b", q):
         where.append("NOT is_return")
+    where += [c for c in standing or [] if c not in where]
     lines = [f"SELECT {select}", "FROM sales"]
     if where:
         lines.append("WHERE " + "\n  AND ".join(where))

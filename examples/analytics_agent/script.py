@@ -1,12 +1,16 @@
-"""The scripted conversation: one thread, three runs, every step in a process of its own.
+"""The scripted conversation: one thread, four runs, every step in a process of its own.
 
-1. "What was total revenue in 2025, excluding returns?" pauses for approval; a NEW process
+1. "From now on leave out returns. What was total revenue in 2025?" declares a standing
+   instruction to memory (returns: NOT is_return) and pauses for approval; a NEW process
    resumes it from the Postgres checkpointer.
 2. "now break that down by region": the SQL writer extends turn 1's SQL (same filters) with the
    breakdown, read from its `sql` view of memory. Approved in a new process too.
 3. The Redis working copy is deleted (as if its TTL had expired), then "make that a bar chart":
    memory is rehydrated from Postgres and the visualizer builds a column chart of the region
    query.
+4. "How many units did we sell in 2025?" is a new query: the SQL writer applies the standing
+   instruction its `sql` view shows as declared (`NOT is_return`), though the question does
+   not say it. Approved in a new process.
 
 Each run finalizes its turn into conversation memory. `--async` plays the same conversation
 with the async graph (same transcript); `--finalize enqueue` hands each turn to a worker (one
@@ -21,6 +25,7 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
@@ -39,9 +44,10 @@ from memory_core.settings import Settings
 REPO = Path(__file__).resolve().parents[2]
 TURN_WAIT_S = 60  # enqueue mode: how long the driver waits for a worker to save a turn
 QUESTIONS = (
-    "What was total revenue in 2025, excluding returns?",
+    "From now on leave out returns. What was total revenue in 2025?",
     "now break that down by region",
     "make that a bar chart",
+    "How many units did we sell in 2025?",
 )
 
 
@@ -126,6 +132,15 @@ def _landed(settings: Settings, session: str) -> None:
         raise ScriptError(str(exc)) from None
 
 
+def _kind(artifact: dict[str, Any]) -> str:
+    if artifact["kind"] == "standing":  # what the agent declared in the turn
+        subjects = ", ".join(d["subject"] for d in artifact["items"]) or "nothing new"
+        return f"standing ({subjects})"
+    if artifact["kind"] == "sql":
+        return "sql"
+    return f"{artifact['kind']}/{artifact.get('chart') or artifact.get('type')}"
+
+
 def _recap(settings: Settings, thread_id: str, owner: str) -> None:
     print("\n=== what conversation memory holds now (Postgres, thread_messages) ===")
     with get_engine(settings.database_url).connect() as conn:
@@ -137,10 +152,7 @@ def _recap(settings: Settings, thread_id: str, owner: str) -> None:
             {"t": thread_id},
         ).all()
     for seq, query, artifacts in rows:
-        kinds = ", ".join(
-            a["kind"] + (f"/{a.get('chart') or a.get('type')}" if a["kind"] != "sql" else "")
-            for a in artifacts
-        )
+        kinds = ", ".join(_kind(a) for a in artifacts)
         print(f"  #{seq}  {query!r:<55} artifacts: {kinds or 'none'}")
     print(f"\nnext: agent-memory context {thread_id} --owner {owner} --focus visualizations")
 
@@ -163,7 +175,7 @@ def play(
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "DATABASE_URL": s.database_url}
         env["REDIS_URL"] = s.redis_url
         thread = thread_id or str(uuid.uuid4())
-        print("=== LangGraph analytics agent: one conversation thread, three runs ===")
+        print("=== LangGraph analytics agent: one conversation thread, four runs ===")
         for line in [*services.started, *services.notes]:
             print(line)
         print(f"PostgreSQL {_safe(s.database_url)}, Redis {_safe(s.redis_url)}")
@@ -180,7 +192,7 @@ def play(
 
 
 def _play_runs(env: dict[str, str], s: Settings, thread: str, owner: str, mode: Mode) -> None:
-    """The three runs; with enqueue, each next run waits for the previous run's turn."""
+    """The four runs; with enqueue, each next run waits for the previous run's turn."""
     common = ["--thread", thread, "--owner", owner, "--finalize", mode.finalize]
     if mode.use_async:
         common.append("--async")
@@ -196,5 +208,6 @@ def _play_runs(env: dict[str, str], s: Settings, thread: str, owner: str, mode: 
         flush=True,
     )
     third = _run(env, 3, common, False, s, after=second if enqueue else None)
+    fourth = _run(env, 4, common, True, s, after=third if enqueue else None)
     if enqueue:
-        _landed(s, third)
+        _landed(s, fourth)

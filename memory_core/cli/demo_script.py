@@ -29,6 +29,8 @@ class Turn:
     sql: list[str] = field(default_factory=list)
     visualizations: list[dict[str, Any]] = field(default_factory=list)
     dashboards: list[dict[str, Any]] = field(default_factory=list)
+    # What the agent declares stands ({subject, text}); None: it declares nothing.
+    standing_instructions: list[dict[str, str | None]] | None = None
 
 
 def chart(vid: int, name: str, series_type: str, mapping: dict[str, str]) -> dict[str, Any]:

@@ -61,6 +61,14 @@ def fidelity_cmd(
             "memory_core/eval/conversations/) to play instead of the shipped corpus.",
         ),
     ] = None,
+    declared: Annotated[
+        bool,
+        typer.Option(
+            "--declared",
+            help="Agents that declare: every turn sends the instructions it applies as "
+            "standing_instructions (the default: agents that send nothing, memory detects).",
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="The report as JSON on stdout.")] = False,
     markdown: Annotated[
         bool, typer.Option("--markdown", help="The table as Markdown, for docs/BENCHMARKS.md.")
@@ -80,12 +88,13 @@ def fidelity_cmd(
     if as_json and markdown:
         fail("choose one of --json and --markdown")
     try:
-        played = corpus(conversations.resolve() if conversations else None)[:limit]
+        played = corpus(conversations.resolve() if conversations else None, declared)[:limit]
     except CorpusError as exc:
         fail(f"eval corpus: {exc}")
     progress = Console(stderr=True, highlight=False)
     try:
-        report = run_fidelity(progress, Path.cwd() / ".agent-memory" / "eval", played)
+        data_dir = Path.cwd() / ".agent-memory" / "eval"
+        report = run_fidelity(progress, data_dir, played, declared=declared)
     except KeyboardInterrupt:
         fail("eval interrupted")
     except Exception as exc:

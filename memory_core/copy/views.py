@@ -24,8 +24,9 @@ from collections.abc import Callable, Sequence
 from typing import Literal
 
 from memory_core.copy.context import ConversationContext, Exchange
+from memory_core.instructions.declared import apply_recent
 from memory_core.tokens import count_tokens, truncate_to_tokens
-from memory_core.write.artifacts import Artifact, SqlArtifact, indent_block
+from memory_core.write.artifacts import Artifact, SqlArtifact, StandingArtifact, indent_block
 
 Focus = Literal["brief", "sql", "visualizations"]
 FOCUSES: tuple[Focus, ...] = ("brief", "sql", "visualizations")
@@ -54,7 +55,10 @@ def render_exchange(turn: Exchange, focus: Focus) -> str:
 
 
 def render_exchange_artifact(art: Artifact, focus: Focus) -> str:
-    """An artifact as `focus` shows it: expanded when it is what the node works on."""
+    """An artifact as `focus` shows it: expanded when it is what the node works on (declared
+    instructions are one line in every view: their wording is in the summary's section)."""
+    if isinstance(art, StandingArtifact):
+        return art.one_line()
     sql = isinstance(art, SqlArtifact)
     expand = (focus == "sql" and sql) or (focus == "visualizations" and not sql)
     return art.expanded() if expand else art.one_line()
@@ -188,8 +192,9 @@ def render_conversation_context(
         raise ValueError("max_tokens must not be negative")
     parts: list[str] = []
     used = 0
-    if ctx.summary and ctx.summary.strip():
-        summary = _summary_part(ctx.summary, max_tokens)
+    text = apply_recent(ctx.summary, ctx.recent)  # declared after the last fold: newest wins
+    if text and text.strip():
+        summary = _summary_part(text, max_tokens)
         cost = count_tokens(summary) if summary else 0
         if ctx.recent and cost:
             # Room for the newest exchange, unless that would leave the summary less than
@@ -198,7 +203,7 @@ def render_conversation_context(
             room = max_tokens - count_tokens(newest) - count_tokens(_omitted_note(ctx.recent))
             cap = max(room, min(cost, max_tokens // 2))
             if cap < cost:
-                summary = _summary_part(ctx.summary, cap)
+                summary = _summary_part(text, cap)
                 cost = count_tokens(summary) if summary else 0
         parts.append(summary)
         used = cost

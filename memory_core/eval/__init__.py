@@ -32,9 +32,10 @@ def scenarios(folder: Path | None = None) -> tuple[Scenario, ...]:
 
 
 @lru_cache(maxsize=4)
-def corpus(folder: Path | None = None) -> tuple[Conversation, ...]:
-    """The built conversations, in the files' order (the same on every call and machine)."""
-    return tuple(Script(s).build() for s in scenarios(folder))
+def corpus(folder: Path | None = None, declared: bool = False) -> tuple[Conversation, ...]:
+    """The built conversations, in the files' order (the same on every call and machine).
+    `declared`: the agent declares every instruction it applies (filler.py `declarations`)."""
+    return tuple(Script(s, declared=declared).build() for s in scenarios(folder))
 
 
 def __getattr__(name: str) -> Any:

@@ -9,6 +9,7 @@ seeded with the scenario's name picks among the phrasings: the output is fixed.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import re
 from string import Template
@@ -27,6 +28,7 @@ from memory_core.eval.corpus import (
     facts_of,
     state_at,
 )
+from memory_core.write.snapshot import DECLARED_MAX_CHARS
 
 ROUNDING = {
     "-3": "ROUND({}, -3)",
@@ -204,10 +206,35 @@ def _tail_pool(domain: Domain, rnd: random.Random) -> list[tuple[str, str, list[
     ]
 
 
-class Script:
-    """Builds one scenario's turns in order; every choice comes from one seeded generator."""
+def declarations(says: list[Say], all_says: tuple[Say, ...]) -> list[dict[str, str | None]]:
+    """What an agent that declares would send for a message setting `says`: per instruction,
+    its subject (`rule N`, N the place of the first instruction of the chain it replaces:
+    a name that repeats none of the words the scoring looks for) and its own wording of it:
+    the answer's, or the user's where only those name the content."""
+    by_fact = {s.fact: s for s in all_says}
+    roots = [s.fact for s in all_says if not s.replaces]
+    out: list[dict[str, str | None]] = []
+    for say in says:
+        root = say
+        while root.replaces and root.replaces in by_fact:
+            root = by_fact[root.replaces]
+        text = next(
+            (t for t in (say.answer, say.query) if re.search(say.probe, t, re.I)),
+            f"{say.query} ({say.answer})",
+        )
+        flat = " ".join(text.split())
+        cut = flat if len(flat) <= DECLARED_MAX_CHARS else flat[: DECLARED_MAX_CHARS - 3] + "..."
+        out.append({"subject": f"rule {roots.index(root.fact) + 1}", "text": cut})
+    return out
 
-    def __init__(self, scenario: Scenario) -> None:
+
+class Script:
+    """Builds one scenario's turns in order; every choice comes from one seeded generator.
+    `declared`: every turn's agent declares the instructions it applies (an empty list on the
+    turns that set none), as `TurnSnapshot.standing_instructions`."""
+
+    def __init__(self, scenario: Scenario, declared: bool = False) -> None:
+        self.declared = declared
         self.sc, self.d = scenario, scenario.domain
         self.rnd = random.Random(f"fidelity:{scenario.name}")  # noqa: S311 - a fixed corpus
         self.last: tuple[Metric, Dim, str] | None = None
@@ -231,12 +258,16 @@ class Script:
         turns: list[Turn] = []
         for n in range(1, self.sc.turns + 1):
             if n in says:
-                turns.append(self.instruction(says[n]))
+                turn = self.instruction(says[n])
             elif n >= tail_from:
                 query, answer, sql = tail[n - tail_from]
-                turns.append(Turn(query, answer, sql))
+                turn = Turn(query, answer, sql)
             else:
-                turns.append(self.filler(n))
+                turn = self.filler(n)
+            if self.declared:
+                items = declarations(says[n], self.sc.says) if n in says else []
+                turn = dataclasses.replace(turn, standing_instructions=items)
+            turns.append(turn)
         facts = facts_of(self.sc.says)
         return Conversation(
             self.sc.name,

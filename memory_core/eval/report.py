@@ -168,7 +168,9 @@ def table_rows(report: dict[str, Any]) -> list[list[str]]:
 
 def headline(report: dict[str, Any]) -> str:
     prompts = ", ".join(report["summary_prompts"]) or "none"
+    said = report.get("instructions", "detected")
     return (
+        f"instructions: {said}; "
         f"summaries: {report['summaries']} (summary_prompt: {prompts}); views brief and sql at "
         f"{report['view_max_tokens']} tokens; stored summary bound {report['summary_bound']} "
         f"tokens (MEMORY_SUMMARY_MAX_TOKENS={report['summary_max_tokens']})"

@@ -51,8 +51,15 @@ class EvalError(DemoError):
 class FidelityRun(Demo):
     """The demo's services, worker and producer, playing the fidelity corpus instead."""
 
-    def __init__(self, console: Console, data_dir: Path, conversations: tuple[Conversation, ...]):
+    def __init__(
+        self,
+        console: Console,
+        data_dir: Path,
+        conversations: tuple[Conversation, ...],
+        declared: bool = False,
+    ):
         super().__init__(console, data_dir)
+        self.declared = declared
         self.run_id = f"eval-{self.run_id}"
         self.stream = f"memory:events:eval:{self.run_id}"
         self.bound = str(self.settings.memory_summary_max_tokens)
@@ -164,6 +171,7 @@ class FidelityRun(Demo):
         llm = f"LLM {s.memory_summarizer_model} at {s.openai_base_url or 'api.openai.com'}"
         return {
             "summaries": llm if self.llm else "LLM-free fold",
+            "instructions": "declared by the agent" if self.declared else "detected",
             "summary_prompts": sorted({r["summary_prompt"] or "none" for r in rows}),
             "summary_max_tokens": int(self.bound),
             "summary_bound": bound,
@@ -175,11 +183,15 @@ class FidelityRun(Demo):
 
 
 def run_fidelity(
-    console: Console, data_dir: Path, conversations: tuple[Conversation, ...]
+    console: Console,
+    data_dir: Path,
+    conversations: tuple[Conversation, ...],
+    declared: bool = False,
 ) -> dict[str, Any]:
-    """Run the eval; the report. Raises (DemoError and others) when a step fails; whatever
-    the run started is stopped either way."""
-    run = FidelityRun(console, data_dir, conversations)
+    """Run the eval; the report. `declared`: the conversations' agents declare (the report
+    says so). Raises (DemoError and others) when a step fails; whatever the run started is
+    stopped either way."""
+    run = FidelityRun(console, data_dir, conversations, declared)
     try:
         data_dir.mkdir(parents=True, exist_ok=True)
         run.setup()

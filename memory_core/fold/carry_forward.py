@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from memory_core.copy.context import Exchange
 from memory_core.fold.llm_free import INSTRUCTIONS_HEADER, standing_after
 from memory_core.fold.summary_tail import fit_lines
+from memory_core.instructions.declared import parse_line
 from memory_core.instructions.detect import content_words, key_of
 from memory_core.instructions.in_force import InForce, same_matter
 from memory_core.tokens import count_tokens
@@ -73,13 +74,15 @@ def carry_forward(
     (when it had to change) at most `max_tokens` tokens."""
     expected, replaced = standing_after(previous_summary, exchanges)
     in_force = InForce(expected, replaced)
+    declared = {t for t in expected if parse_line(t)}
     lines = new_text.splitlines()
     headers, item_idx = _section_lines(lines)
     section = set(item_idx)
     removed = {
         i
         for i, line in enumerate(lines)
-        if i not in headers and in_force.removes(_ITEM.sub("", line).strip(), i in section)
+        if i not in headers
+        and _removes(in_force, declared, _ITEM.sub("", line).strip(), i in section)
     }
     kept = [lines[i] for i in item_idx if i not in removed]
     listed = [(key_of(text), text) for i in kept if (text := _ITEM.sub("", i).strip())]
@@ -103,10 +106,20 @@ def carry_forward(
     return CarriedForward(fit_lines(rebuilt, max_tokens), len(missing), len(removed))
 
 
+def _removes(in_force: InForce, declared: set[str], text: str, in_section: bool) -> bool:
+    """Must the model's line go? A declared line is kept verbatim or not at all: one that is
+    not exactly a declaration in force (stale, reworded, forged) goes, wherever it stands."""
+    if parse_line(text):
+        return text not in declared
+    return in_force.removes(text, in_section)
+
+
 def _listed(instruction: str, listed: list[tuple[str, str]]) -> bool:
     """Is `instruction` in the section under its key, in words that say the same thing? A line
     under the same key on another matter ("weeks start on Sunday" for "use fiscal quarters
-    that start in April": both `calendar`) does not keep it."""
+    that start in April": both `calendar`) does not keep it. A declared line only verbatim."""
+    if parse_line(instruction):
+        return any(text == instruction for _, text in listed)
     key = key_of(instruction)
     return any(k == key and same_matter(text, instruction) for k, text in listed)
 

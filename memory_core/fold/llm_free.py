@@ -24,6 +24,7 @@ import re
 from collections.abc import Sequence
 
 from memory_core.copy.context import Exchange
+from memory_core.instructions.declared import declarations, parse_line
 from memory_core.instructions.detect import Instruction, content_words, detect, states
 from memory_core.instructions.sql_conditions import SQL_PREFIX
 from memory_core.instructions.standing import Standing
@@ -129,21 +130,28 @@ def _fold_pass(
     sections = parse_sections(previous_summary)
     standing = Standing(sections["instructions"], sections["seen"])
     for ex in exchanges:
-        found = detect(ex.user_query)
-        if goal := _goal_besides(ex.user_query, found):
+        declared = declarations(ex)
+        found = detect(ex.user_query) if declared is None else []
+        if declared is not None and declared.items:
+            # Its line says what the turn set (no goal quoting it); a change of what stood
+            # retires the SQL built under the old rules.
+            if standing.declare(declared.items):
+                sections["built"] = [b for b in sections["built"] if not b.startswith("SQL:")]
+        elif goal := _goal_besides(ex.user_query, found):
             sections["goals"].append(goal)
         for ins in found:
             standing.instruct(ins)
         for art in ex.artifacts:
-            if art.kind == "sql":
+            if art.kind == "sql" and declared is None:
                 standing.query(art.sql, found, states(ex.user_query))
-            sections["built"].append(art.one_line())
+            if art.kind != "standing":
+                sections["built"].append(art.one_line())
     standing.drop_unapplied()
     cols, old = standing.revoked_columns, standing.replaced
     sections["built"] = [b for b in sections["built"] if not _revoked_query(b, cols)]
     # A goal that quoted a superseded instruction would present it as current.
     sections["goals"] = [g for g in sections["goals"] if not any(o in g.casefold() for o in old)]
-    sections["instructions"] = [i.text for i in standing.items.values()][-_MAX_INSTRUCTIONS:]
+    sections["instructions"] = standing.lines()[-_MAX_INSTRUCTIONS:]
     sections["seen"] = standing.seen_lines()[-_MAX_ITEMS:]
     for key in ("earlier", "goals", "built"):
         sections[key] = _merge(sections[key])
@@ -175,13 +183,20 @@ def llm_free_fold(
     text = _render(sections)
     for key, keep in passes:
         while count_tokens(text) > max_tokens and len(sections[key]) > keep:
-            # SQL conditions of the standing section go before what the user said.
+            # SQL conditions of the standing section go before what the user said; what an
+            # agent declared never (declared.py bounds it).
             items = sections[key]
-            sql = [i for i, t in enumerate(items) if t.startswith(SQL_PREFIX)]
-            items.pop(sql[0] if key == "instructions" and sql else 0)
+            if key == "instructions":
+                sql = [i for i, t in enumerate(items) if t.startswith(SQL_PREFIX)]
+                said = [i for i, t in enumerate(items) if parse_line(t) is None]
+                if not (sql or said):
+                    break
+                items.pop((sql or said)[0])
+            else:
+                items.pop(0)
             text = _render(sections)
-    if count_tokens(text) > max_tokens:  # only with absurdly small bounds
-        text = truncate_to_tokens(text, max_tokens).strip()
+    if count_tokens(text) > max_tokens and not any(map(parse_line, sections["instructions"])):
+        text = truncate_to_tokens(text, max_tokens).strip()  # only with absurdly small bounds
     return text
 
 

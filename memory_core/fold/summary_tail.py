@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 from memory_core.copy.context import Exchange
 from memory_core.tokens import count_tokens, truncate_to_tokens
+from memory_core.write.artifacts import StandingArtifact
 
 ARTIFACT_TAIL_MARKER = "\n\n[Artifacts of the latest folded turns, verbatim]\n"
 ARTIFACT_TAIL_TURNS = 3
@@ -74,11 +75,21 @@ def strip_artifact_tail(summary: str | None) -> str | None:
     return summary.split(ARTIFACT_TAIL_MARKER, 1)[0]
 
 
+def _declares(turn: Exchange) -> bool:
+    return any(isinstance(a, StandingArtifact) and a.items for a in turn.artifacts)
+
+
 def artifact_tail(turns: Sequence[Exchange], budget: int) -> str:
-    """Artifact lines of the last folded turns within `budget` tokens, newest kept first."""
+    """Artifact lines of the last folded turns within `budget` tokens, newest kept first. A
+    turn whose agent declared standing instructions starts the tail: what came before it ran
+    under the rules it may have changed (the declarations are in the summary's section)."""
+    last = list(turns[-ARTIFACT_TAIL_TURNS:])
+    starts = [i for i, t in enumerate(last) if _declares(t)]
     lines: list[str] = []
-    for turn in turns[-ARTIFACT_TAIL_TURNS:]:
+    for turn in last[starts[-1] if starts else 0 :]:
         for art in turn.artifacts:
+            if art.kind == "standing":
+                continue
             text = art.expanded() if art.kind == "sql" else art.one_line()
             lines.append(f"[#{turn.seq}] {text}")
     kept: list[str] = []

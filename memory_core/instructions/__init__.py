@@ -1,6 +1,7 @@
 """Standing instructions: what the user set up for the rest of the thread, found without an LLM.
 
-- `detect.py`: finding an instruction in a turn's words, and its subject.
+- `declared.py`: what an agent declared stands (`TurnSnapshot.standing_instructions`), verbatim.
+- `detect.py`: finding an instruction in a turn's words, and its subject (the fallback).
 - `patterns.py`: the vocabulary (cues, verbs, categories) as plain regular expressions.
 - `sql_conditions.py`: the WHERE conditions the thread's queries applied.
 - `sql_select.py`: the conventions their SELECT lists applied (a time zone, a formula).

@@ -23,6 +23,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
+from memory_core.instructions.declared import declared_key, parse_line
 from memory_core.instructions.patterns import (
     CONVENTIONS,
     CUE,
@@ -152,6 +153,8 @@ def key_of(text: str) -> str:
     """The key of an instruction's text (a stored summary line included)."""
     if text.startswith(SQL_PREFIX):
         return sql_key(text[len(SQL_PREFIX) :])
+    if declared := parse_line(text):
+        return declared_key(declared[0])
     # As detect() keyed it: a clause may carry it ("thousands is too coarse - round to millions").
     found = _sentence_keys(text, text)
     key = found[0][0] if len(found) == 1 else _category(text)
@@ -290,6 +293,8 @@ def _detect(query: str) -> tuple[Instruction, ...]:
             continue
         for key, words in _sentence_keys(raw, text):
             shown = words[:1].upper() + words[1:]
+            if shown.startswith(SQL_PREFIX) or parse_line(shown):  # a user's words, not ours
+                shown = "Said: " + shown
             lifts = bool(REVOKE_FILTER.search(words) or SCOPE_RESET.search(words))
             out.append(Instruction(key, one_line(shown, MAX_CHARS), lifts))
     return tuple(out)

@@ -18,6 +18,12 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from memory_core.instructions.declared import (
+    KEY_PREFIX,
+    MAX_IN_FORCE,
+    declared_key,
+    declared_line,
+)
 from memory_core.instructions.detect import (
     Instruction,
     content_words,
@@ -41,6 +47,7 @@ from memory_core.instructions.sql_select import (
     identifiers,
     select_features,
 )
+from memory_core.write.artifacts import Declared
 
 # Share of a line's words found in a superseded wording for a line on another key (its own
 # words: "Quarters are fiscal, starting in April") to count as saying it.
@@ -176,6 +183,34 @@ class Standing:
             subject = content_words(key.partition(":")[2])
             if words & subject or values & content_words(self.items[key].text):
                 self.replaced.append(self.items.pop(key).text.casefold())
+
+    def declare(self, items: Sequence[Declared]) -> bool:
+        """A turn's declarations (declared.py): each replaces its subject's line, a null
+        text withdraws it, and a detected instruction on the same matter goes. True when one
+        changed or withdrew what stood."""
+        changed = False
+        for d in items:
+            key = declared_key(d.subject)
+            line = declared_line(d.subject, d.text) if d.text is not None else None
+            old = self.items.pop(key, None)
+            if old is not None and old.text != line:
+                changed = True
+                self.replaced.append(old.text.casefold())
+            if line is None or d.text is None:
+                continue
+            matter = key_of(d.text)
+            for k in [k for k in self.items if not k.startswith((KEY_PREFIX, "sql:"))]:
+                if k == matter or same_subject(k, matter):
+                    self.replaced.append(self.items.pop(k).text.casefold())
+            self.items[key] = Instruction(key, line)
+        for k in [k for k in self.items if k.startswith(KEY_PREFIX)][:-MAX_IN_FORCE]:
+            del self.items[k]
+        return changed
+
+    def lines(self) -> list[str]:
+        """The section's lines: declared ones first, then the rest, oldest first."""
+        declared = [i.text for k, i in self.items.items() if k.startswith(KEY_PREFIX)]
+        return declared + [i.text for k, i in self.items.items() if not k.startswith(KEY_PREFIX)]
 
     def query(self, sql: str, said: Sequence[Instruction] = (), stated: bool = False) -> None:
         """A query a turn ran; `said`: the instructions its user message set, `stated`: the

@@ -109,8 +109,37 @@ class DashboardArtifact(BaseModel):
         )
 
 
+class Declared(BaseModel):
+    """One standing instruction an agent declared: `text` None withdraws its subject."""
+
+    model_config = _FROZEN
+    subject: str
+    text: str | None = None
+
+
+class StandingArtifact(BaseModel):
+    """The standing instructions an agent declared in a turn (`standing_instructions` of the
+    snapshot), verbatim. Present, even empty, it says the agent declares: memory does not
+    look for instructions in the turn's words (memory_core/instructions/declared.py)."""
+
+    model_config = _FROZEN
+    kind: Literal["standing"] = "standing"
+    items: list[Declared] = Field(default_factory=list)
+
+    def one_line(self) -> str:
+        # Subjects only: a view puts the declared wording in its summary's section.
+        if not self.items:
+            return "Standing instructions: none declared"
+        named = (_quoted(d.subject) + ("" if d.text else " withdrawn") for d in self.items)
+        return "Standing instructions declared: " + ", ".join(named)
+
+    def expanded(self) -> str:
+        return self.one_line()
+
+
 Artifact = Annotated[
-    SqlArtifact | VisualizationArtifact | DashboardArtifact, Field(discriminator="kind")
+    SqlArtifact | VisualizationArtifact | DashboardArtifact | StandingArtifact,
+    Field(discriminator="kind"),
 ]
 ARTIFACTS_ADAPTER: TypeAdapter[list[Artifact]] = TypeAdapter(list[Artifact])
 
@@ -163,15 +192,21 @@ def describe_dashboard(dash: Mapping[str, Any]) -> DashboardArtifact:
     )
 
 
+AnyArtifact = SqlArtifact | VisualizationArtifact | DashboardArtifact | StandingArtifact
+
+
 def derive_artifacts(
     sql: Iterable[str],
     visualizations: Iterable[Mapping[str, Any]],
     dashboards: Iterable[Mapping[str, Any]],
-) -> list[SqlArtifact | VisualizationArtifact | DashboardArtifact]:
-    """Derive a turn's artifacts once, in a stable order: SQL, visualizations, dashboards."""
-    out: list[SqlArtifact | VisualizationArtifact | DashboardArtifact] = [
-        SqlArtifact(sql=s) for s in sql if s.strip()
-    ]
+    standing: Iterable[tuple[str, str | None]] | None = None,
+) -> list[AnyArtifact]:
+    """Derive a turn's artifacts once, in a stable order: SQL, visualizations, dashboards,
+    and the standing instructions the agent declared ((subject, text) pairs; None: it
+    declares nothing, no artifact)."""
+    out: list[AnyArtifact] = [SqlArtifact(sql=s) for s in sql if s.strip()]
     out.extend(describe_visualization(v) for v in visualizations)
     out.extend(describe_dashboard(d) for d in dashboards)
+    if standing is not None:
+        out.append(StandingArtifact(items=[Declared(subject=s, text=t) for s, t in standing]))
     return out

@@ -359,6 +359,9 @@ def _exchange(snap: TurnSnapshot, seq: int) -> Exchange:
             snap.sql,
             [dict(v) for v in snap.visualizations],  # shallow: options are read, not copied
             [d.model_dump() for d in snap.dashboards],
+            None
+            if snap.standing_instructions is None
+            else [(d.subject, d.text) for d in snap.standing_instructions],
         ),
         completed_at=snap.completed_at,
     )

@@ -11,6 +11,8 @@ Size limits (documented in the README; a violation names the field):
 | visualizations   | 50 objects                              |
 | dashboards       | 20 objects                              |
 | response_payload | 1 MiB as JSON, nested at most 64 deep    |
+| standing_instructions | 20 entries, one per subject, one line each:  |
+|                  | subject 1..80 characters (no `():`), text 1..200 or null |
 | the whole        | 4 Mi characters of text (strings, keys, numbers), checked first |
 
 The whole-snapshot bound is checked before any other validation, in one pass that stops as
@@ -28,6 +30,7 @@ them, so they are rejected up front instead of failing half-way through a write.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
@@ -213,6 +216,53 @@ class DashboardIn(_RedashObject):
     widgets: Annotated[list[WidgetIn], Field(max_length=500)] = Field(default_factory=list)
 
 
+MAX_DECLARED = 20
+SUBJECT_MAX_CHARS = 80
+DECLARED_MAX_CHARS = 200
+# Line breaks of every kind and other C0/C1 controls: a declared line stays one line.
+_NOT_ONE_LINE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def _one_line(value: str) -> str:
+    if _NOT_ONE_LINE.search(value):
+        raise ValueError("must be one line (no line breaks or control characters)")
+    value = value.strip()
+    if not value:
+        raise ValueError("must not be blank")
+    return value
+
+
+def _subject(value: str) -> str:
+    if any(c in value for c in "():"):
+        raise ValueError("must not contain '(', ')' or ':'")
+    return value
+
+
+def subject_key(subject: str) -> str:
+    """Subjects compare case-insensitively, runs of spaces as one."""
+    return " ".join(subject.casefold().split())
+
+
+class StandingInstructionIn(BaseModel):
+    """A standing instruction the agent declares: the user set it for the rest of the thread.
+    `text` null withdraws the subject."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    subject: Annotated[
+        Text,
+        Field(min_length=1, max_length=SUBJECT_MAX_CHARS),
+        AfterValidator(_one_line),
+        AfterValidator(_subject),
+    ]
+    text: (
+        Annotated[
+            Text, Field(min_length=1, max_length=DECLARED_MAX_CHARS), AfterValidator(_one_line)
+        ]
+        | None
+    )
+
+
 class TurnSnapshot(BaseModel):
     """One completed user-query -> answer turn, as handed over at finalize."""
 
@@ -235,6 +285,11 @@ class TurnSnapshot(BaseModel):
         default_factory=dict
     )
     completed_at: AwareDatetime = Field(default_factory=lambda: datetime.now(UTC))
+    # None: the agent declares nothing and memory detects instructions in the words; a list
+    # (empty too): what the agent declares stands, verbatim, newest wording per subject.
+    standing_instructions: (
+        Annotated[list[StandingInstructionIn], Field(max_length=MAX_DECLARED)] | None
+    ) = None
 
     @field_validator("session_id", "thread_id", mode="before")
     @classmethod
@@ -251,6 +306,16 @@ class TurnSnapshot(BaseModel):
     def _not_blank(cls, v: str) -> str:
         if not v.strip():
             raise ValueError("must not be blank")
+        return v
+
+    @field_validator("standing_instructions")
+    @classmethod
+    def _one_per_subject(
+        cls, v: list[StandingInstructionIn] | None
+    ) -> list[StandingInstructionIn] | None:
+        keys = [subject_key(d.subject) for d in v or []]
+        if len(set(keys)) != len(keys):
+            raise ValueError("names a subject more than once; one entry per subject")
         return v
 
     @field_validator("completed_at")
