@@ -316,6 +316,48 @@ def test_a_smoke_run_through_the_real_cli(tmp_path: Path, broker: str) -> None:
 @pytest.mark.slow
 @pytest.mark.workers  # the eval command starts one
 @pytest.mark.timeout(SMOKE_TIMEOUT_S + 60)
+def test_agents_that_declare_keep_every_instruction_and_none_replaced(
+    tmp_path: Path, broker: str
+) -> None:
+    """`--declared`: every turn's snapshot carries standing_instructions through the real
+    worker; the code keeps each in force verbatim and none it replaced (its guarantee)."""
+    proc = _eval(tmp_path, "--limit", "2", "--declared", "--json")
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stderr[-4000:]}"
+    report = json.loads(proc.stdout)
+    assert report["instructions"] == "declared by the agent"
+    total = report["overall"]
+    assert total["kept"] == {k: total["established"] for k in ("brief", "sql", "both")}
+    assert total["superseded"] > 0 and total["wrongly_current"] == {"brief": 0, "sql": 0}
+    assert total["per_question"] > 0 and total["false_standing"] == 0
+    assert total["all_reached_last_turn"] and total["all_summaries_within_bound"]
+
+
+def test_a_declaring_agent_sends_every_instruction_under_one_subject_per_chain() -> None:
+    """The corpus as agents that declare send it: one entry per instruction of the message,
+    its subject shared with the instructions it replaces, an empty list elsewhere."""
+    from memory_core.eval import corpus as build
+
+    for plain, said in zip(CONVERSATIONS, build(None, True), strict=True):
+        assert [t.user_query for t in plain.turns] == [t.user_query for t in said.turns]
+        by_turn = {f.set_turn: f for f in said.facts}
+        for n, t in enumerate(said.turns, 1):
+            assert t.standing_instructions is not None
+            assert bool(t.standing_instructions) == (n in by_turn), (said.name, n)
+        subjects = {
+            f.id: t.standing_instructions[0]["subject"]
+            for f in said.facts
+            for t in [said.turns[f.set_turn - 1]]
+            if t.standing_instructions and len(t.standing_instructions) == 1
+        }
+        for f in said.superseded:
+            later = [g for g in said.facts if g.set_turn == f.superseded_turn]
+            if f.id in subjects and len(later) == 1 and later[0].id in subjects:
+                assert subjects[f.id] == subjects[later[0].id], (said.name, f.id)
+
+
+@pytest.mark.slow
+@pytest.mark.workers  # the eval command starts one
+@pytest.mark.timeout(SMOKE_TIMEOUT_S + 60)
 def test_with_an_llm_the_report_says_so(tmp_path: Path, llm: FakeLLMServer, broker: str) -> None:
     """OPENAI_BASE_URL set: the worker folds with the LLM (here the fake one), same report."""
     keys = dict(OPENAI_BASE_URL=llm.base_url, OPENAI_API_KEY="sk-test")

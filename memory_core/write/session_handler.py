@@ -60,6 +60,7 @@ from memory_core.write.claim import (
 from memory_core.write.snapshot import (
     DashboardIn,
     SnapshotTooLarge,
+    StandingInstructionIn,
     TurnSnapshot,
     VisualizationIn,
     WidgetIn,
@@ -113,7 +114,14 @@ class _Abort(Exception):
 
 _FIELD_NAMES = frozenset(
     name
-    for model in (TurnSnapshot, VisualizationIn, DashboardIn, WidgetIn, WidgetVisualizationIn)
+    for model in (
+        TurnSnapshot,
+        VisualizationIn,
+        DashboardIn,
+        WidgetIn,
+        WidgetVisualizationIn,
+        StandingInstructionIn,
+    )
     for name in model.model_fields
 )
 
@@ -131,7 +139,7 @@ def format_validation_error(exc: ValidationError) -> str:
         field = ".".join(loc) or "snapshot"
         if err["type"] == "extra_forbidden":
             key = str(err["loc"][-1]) if len(err["loc"]) == 1 else ""
-            name = key if _IDENTIFIER.fullmatch(key) else "snapshot"
+            name = key if _IDENTIFIER.fullmatch(key) else field  # nested: where it is
             parts.append(f"{name}: unknown field (not part of a turn snapshot)")
         else:
             parts.append(f"{field}: {err['msg'][:300]}")
