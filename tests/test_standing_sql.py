@@ -186,3 +186,28 @@ def test_any_query_text_gives_one_line_conditions_whose_key_reads_back(sql: str)
         for key, line in found:
             assert "\n" not in line and len(line) <= 160
             assert key_of(line) == key or line.endswith("...")
+
+
+def test_a_replacement_named_anew_goes_by_what_its_query_changed() -> None:
+    """The new wording shares no subject with the old ("lost" for the churn rate); the SQL
+    shows what it replaced: the instruction that named the formula it changed."""
+    old = "ROUND(100.0 * AVG((a.cancelled_at IS NOT NULL)::int), 1) AS churn_rate_pct"
+    new = (
+        "ROUND(100.0 * AVG((a.last_login < now() - interval '90 days')::int), 1) AS churn_rate_pct"
+    )
+    sql = "SELECT a.plan AS plan, {} FROM accounts a WHERE NOT a.is_test"
+    first = [
+        turn(
+            1, "Churn rate is cancelled accounts over all accounts, as a percent.", sql.format(old)
+        ),
+        turn(2, "Leave out test accounts from now on.", sql.format(old)),
+    ]
+    summary = llm_free_fold(None, first, 500)
+    assert any(line.startswith("Churn rate is") for line in standing(summary))
+    later = [
+        turn(3, "An account is lost once it has gone 90 days without a login.", sql.format(new))
+    ]
+    section = standing(llm_free_fold(summary, later, 500))
+    assert not any(line.startswith("Churn rate is") for line in section)
+    assert f"Applied in SQL: {new}" in section
+    assert "Leave out test accounts from now on" in section  # one shared word is not enough

@@ -54,6 +54,8 @@ from memory_core.write.artifacts import Declared
 SAYS_OLD = 0.75
 # Later queries on a condition's table that must all leave it out before it is dropped.
 UNAPPLIED_QUERIES = 2
+# Words of a changed condition's columns an instruction must share to be what it replaced.
+_NAMES_IT = 2
 # Queries in a row on its table that must apply a WHERE condition with the same value before it
 # stands (docs/ARCHITECTURE.md, "Standing instructions"): fewer, it is a per-question choice.
 SQL_STANDING_QUERIES = 4
@@ -238,11 +240,10 @@ class Standing:
             count = self.counts.get(key, 0) + 1 if same else 1
             picks = not key.endswith((":not", ":lower", ":upper", ":range"))
             if count >= SQL_STANDING_QUERIES or (not same and (said or (stated and not picks))):
-                self.seen.pop(key, None)
-                self.counts.pop(key, None)
-                self.items.pop(key, None)
-                self.items[key] = Instruction(key, text)
-                self._applied_at[key] = index
+                old = self.items.get(key)
+                self._stand(key, text, index)
+                if old is not None and (said or stated):  # the user changed it: see _replaced
+                    self._replaced(condition_words(old.text), condition_values(old.text), said)
             else:
                 self.seen.pop(key, None)
                 self.seen[key], self.counts[key] = Instruction(key, text), count
@@ -282,6 +283,7 @@ class Standing:
                 old = current.text if current is not None else before
                 if old is not None and (said or stated):
                     self._retire(identifiers(old) - identifiers(text), keep=key)
+                    self._replaced(feature_words(old), set(), said)
             elif count:
                 self.seen.pop(key, None)
                 self.seen[key], self.counts[key] = Instruction(key, text), count
@@ -292,6 +294,22 @@ class Standing:
         self.items.pop(key, None)
         self.items[key] = Instruction(key, text)
         self._applied_at[key] = index
+
+    def _replaced(self, words: set[str], values: set[str], said: Sequence[Instruction]) -> None:
+        """A stated turn changed what a standing condition or convention applied: the user's
+        instructions that named it (two of its columns' words, its subject, a value) are what
+        the change replaced, whatever words the new one uses ("abandoned" for the skip rate).
+        Those this turn set stay."""
+        now = {ins.key for ins in said}
+        stems_of = {w if len(w) < 5 else w[:5] for w in words}
+        for key in [k for k in self.items if not k.startswith(("sql:", KEY_PREFIX))]:
+            if key in now:
+                continue
+            text = self.items[key].text
+            subject = content_words(key.partition(":")[2])
+            shared = len(stems_of & stems(text))
+            if shared >= _NAMES_IT or words & subject or values & content_words(text):
+                self.replaced.append(self.items.pop(key).text.casefold())
 
     def _retire(self, gone: set[str], keep: str) -> None:
         """Standing SELECT conventions that read a column a stated change took out."""
