@@ -23,6 +23,7 @@ from memory_core.write.artifacts import (
     Artifact,
     DashboardArtifact,
     SqlArtifact,
+    StandingArtifact,
     VisualizationArtifact,
     derive_artifacts,
 )
@@ -47,6 +48,7 @@ __all__ = [
     "SaveOutcome",
     "Settings",
     "SqlArtifact",
+    "StandingArtifact",
     "ThreadInfo",
     "ThreadNotFound",
     "TurnNotReady",

@@ -52,6 +52,10 @@ from tests.support.commands import run_module, run_python
 from tests.support.snapshots import make_snapshot
 
 Q1 = "What was total revenue in 2025, excluding returns?"
+OK_DECLARED: dict[str, str | None] = {
+    "subject": "returns",
+    "text": "Leave out returns (NOT is_return)",
+}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -191,6 +195,16 @@ def test_node_factories_in_a_minimal_graph(memory: RedisConversationMemory) -> N
     outcomes = [graph.invoke(new_run(tid, owner, q)) for q in ("first", "second")]
     assert [o["memory_outcome"]["seq"] for o in outcomes] == [1, 2]
     assert [t["seq"] for t in outcomes[1]["conversation_context"]["recent"]] == [1]
+    # A planner that declares puts standing_instructions in the state; finalize sends them.
+    said = new_run(tid, owner, "third")
+    said["standing_instructions"] = [OK_DECLARED]
+    assert graph.invoke(said)["memory_outcome"]["seq"] == 3
+    view = context_view(
+        {"conversation_context": memory.get_context(tid, owner).model_dump(mode="json")},
+        "brief",
+        2000,
+    )
+    assert f"- Declared (returns): {OK_DECLARED['text']}" in view
 
 
 def test_finalize_enqueue_runs_on_a_worker(start_worker: Callable[..., WorkerProcess]) -> None:

@@ -184,7 +184,7 @@ def llm_free_fold(
     for key, keep in passes:
         while count_tokens(text) > max_tokens and len(sections[key]) > keep:
             # SQL conditions of the standing section go before what the user said; what an
-            # agent declared never (declared.py bounds it).
+            # agent declared never (memory_core/instructions/declared.py bounds it).
             items = sections[key]
             if key == "instructions":
                 sql = [i for i, t in enumerate(items) if t.startswith(SQL_PREFIX)]

@@ -9,9 +9,9 @@ declaration on the same subject (compared case-insensitively) replaces the earli
 at most `MAX_IN_FORCE` subjects stand at once (the oldest goes first).
 
 A turn that declares (even an empty list) is not read for instructions in its words, nor does
-its SQL promote conditions: the agent said what stands (instructions/standing.py). A view
-applies the declarations of turns not folded yet over its summary's section (`apply_recent`),
-so the newest wording is the one a node reads as soon as the turn is saved.
+its SQL promote conditions: the agent said what stands (memory_core/instructions/standing.py).
+A view applies the declarations of turns not folded yet over its summary's section
+(`apply_recent`), so the newest wording is the one a node reads as soon as the turn is saved.
 """
 
 from __future__ import annotations
