@@ -211,3 +211,17 @@ def test_a_replacement_named_anew_goes_by_what_its_query_changed() -> None:
     assert not any(line.startswith("Churn rate is") for line in section)
     assert f"Applied in SQL: {new}" in section
     assert "Leave out test accounts from now on" in section  # one shared word is not enough
+
+
+def test_a_statement_of_50_000_characters_is_read_only_as_far_as_a_convention_can_be() -> None:
+    """A fold reads every query's SELECT list; one that runs past MAX_SCAN characters before
+    its FROM names no convention (a line would show 160 of them), whatever it holds."""
+    from memory_core.instructions.sql_select import MAX_SCAN
+
+    pad = "'" + "x" * 50_000 + "'"
+    long = f"SELECT ROUND(SUM(s.a) / 1e3, 1) AS k, {pad} AS pad FROM sales s WHERE NOT s.t"
+    short = "SELECT ROUND(SUM(s.a) / 1e3, 1) AS k FROM sales s WHERE NOT s.t"
+    assert len(long) > 10 * MAX_SCAN
+    assert select_features(long) == ()
+    assert [k for k, _ in select_features(short)] == ["sql:select:k"]
+    assert [c.text for c in sql_conditions(long)] == ["Applied in SQL: NOT s.t"]

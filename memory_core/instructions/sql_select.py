@@ -33,6 +33,7 @@ _COMPUTES = re.compile(
     r"|[<>=]",
     re.I,
 )
+_PERIOD = re.compile(r"\b(?:date_trunc|fiscal_\w+|extract)\s*\(", re.I)
 _FEATURE = re.compile(r"^(?P<expr>.+) AS (?P<alias>[A-Za-z_]\w*)$", re.S)
 _TZ_LINE = re.compile(r"^[A-Za-z_][\w.]* AT TIME ZONE '[^']*'$", re.I)
 
@@ -56,13 +57,19 @@ def _top_level(text: str, separator: str) -> list[str]:
     return [p.strip() for p in parts if p.strip()]
 
 
+# A SELECT list is read this far at most: a convention longer than a shown line (160
+# characters) is not shown anyway, and a statement may be 50 000 characters (20 per turn).
+MAX_SCAN = 4000
+
+
 def _select_list(sql: str) -> str | None:
-    """The outermost SELECT's list: from its SELECT to its FROM, outside parentheses."""
-    flat = " ".join(sql.split())
-    m = re.search(r"\bselect\b", flat, re.I)
+    """The outermost SELECT's list: from its SELECT to its FROM, outside parentheses (None
+    when there is no SELECT, or no FROM within `MAX_SCAN` characters of it)."""
+    m = re.search(r"\bselect\b", sql[: 2 * MAX_SCAN], re.I)
     if m is None:
         return None
-    depth, quoted, i = 0, False, m.end()
+    flat = " ".join(sql[m.start() : m.start() + 2 * MAX_SCAN].split())[:MAX_SCAN]
+    depth, quoted, i = 0, False, len("select")
     while i < len(flat):
         ch = flat[i]
         if ch == "'":
@@ -72,10 +79,10 @@ def _select_list(sql: str) -> str | None:
                 depth += 1
             elif ch == ")":
                 depth -= 1
-            elif depth == 0 and re.match(r"\bfrom\b", flat[i:], re.I) and flat[i - 1] == " ":
-                return flat[m.end() : i]
+            elif depth == 0 and flat[i - 1] == " " and flat[i : i + 4].lower() == "from":
+                return flat[len("select") : i] if not flat[i + 4 : i + 5].isalnum() else None
         i += 1
-    return flat[m.end() :]
+    return None
 
 
 def _plain_aggregate(expr: str) -> bool:
@@ -83,14 +90,24 @@ def _plain_aggregate(expr: str) -> bool:
     return re.fullmatch(r"\w+\(\s*(?:distinct\s+)?[\w.*]+\s*\)", expr, re.I) is not None
 
 
-@lru_cache(maxsize=1024)
 def select_features(sql: str) -> tuple[tuple[str, str], ...]:
     """(key, shown text) of each convention in a query's SELECT list."""
+    return _parsed(sql)[0]
+
+
+# A fold reads each query's SELECT list once per condition it checks: keep recent answers.
+@lru_cache(maxsize=1024)
+def _parsed(sql: str) -> tuple[tuple[tuple[str, str], ...], frozenset[str], bool]:
+    """(features, the aliases the SELECT list names, whether it computes a period)."""
     items = _select_list(sql)
     if not items:
-        return ()
+        return (), frozenset(), False
     found: dict[str, str] = {}
-    for item in _top_level(items, ","):
+    aliases: set[str] = set()
+    parts = _top_level(items, ",")
+    for item in parts:
+        if named := re.search(r"\bAS\s+([A-Za-z_]\w*)\s*$", item, re.I):
+            aliases.add(named[1].lower())
         if tz := _TZ.search(item):
             found[TZ_KEY] = f"{tz['col']} AT TIME ZONE {tz['zone']}"
         m = _ALIAS.match(item)
@@ -99,7 +116,8 @@ def select_features(sql: str) -> tuple[tuple[str, str], ...]:
         expr = m["expr"].strip()
         if _COMPUTES.search(_STRING.sub("''", expr)) and not _TZ.search(expr):
             found[f"sql:select:{m['alias'].lower()}"] = f"{expr} AS {m['alias']}"
-    return tuple((k, one_line(SQL_PREFIX + v, MAX_CHARS)) for k, v in found.items())
+    features = tuple((k, one_line(SQL_PREFIX + v, MAX_CHARS)) for k, v in found.items())
+    return features, frozenset(aliases), bool(_PERIOD.search(items))
 
 
 def select_key(feature: str) -> str | None:
@@ -116,18 +134,15 @@ def select_key(feature: str) -> str | None:
 def selects(feature_text: str, sql: str) -> bool | None:
     """Does a query apply this feature? None when it does not select its alias (for the time
     zone: when it computes no period)."""
-    features = dict(select_features(sql))
     key = select_key(feature_text.removeprefix(SQL_PREFIX))
     if key is None:
         return None
-    if features.get(key) == one_line(feature_text, MAX_CHARS):
+    features, aliases, period = _parsed(sql)
+    if dict(features).get(key) == one_line(feature_text, MAX_CHARS):
         return True
     if key == TZ_KEY:
-        period = re.search(r"\b(?:date_trunc|fiscal_\w+|extract)\s*\(", sql, re.I)
         return False if period else None
-    alias = key.removeprefix("sql:select:")
-    listed = _select_list(sql) or ""
-    return False if re.search(rf"\bAS\s+{re.escape(alias)}\b", listed, re.I) else None
+    return False if key.removeprefix(SELECT_KEY) in aliases else None
 
 
 def identifiers(text: str) -> set[str]:
