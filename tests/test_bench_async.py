@@ -8,6 +8,7 @@ project's own environment prints the line that says how to get them.
 
 from __future__ import annotations
 
+import gc
 import math
 import re
 
@@ -27,8 +28,11 @@ PART1 = (
     "| `asave_session_to_thread_safe` (50 warm threads) |",
     "| its 1 SQL statement (autocommit) + 1 EVALSHA: psycopg 3 async + redis.asyncio ",
 )
-PART2 = (
+PART2_ASYNC = (
     "| async: one task per agent on one event loop |",
+    "| async, gc.freeze() after the warm-up round |",
+)
+PART2_SYNC = (
     "| sync: ThreadPoolExecutor(max_workers=3) |",
     "| sync: ThreadPoolExecutor(max_workers=5) |",
 )
@@ -56,6 +60,16 @@ def _rows(lines: list[str], prefix: str, count: int, numbers: int) -> None:
         values = _numbers(row)
         assert len(values) == numbers, row
         assert all(math.isfinite(v) and v >= 0 for v in values), row
+
+
+def _load_row(lines: list[str], prefix: str, spare: tuple[str, ...]) -> None:
+    """One row of part 2: 11 cells after its label, each a number or a placeholder `spare`
+    allows."""
+    found = [line for line in lines if line.startswith(prefix)]
+    assert len(found) == 1, (prefix, found)
+    values = [c.strip() for c in found[0].strip().strip("|").split("|")][1:]
+    assert len(values) == 11, found[0]
+    assert all(NUMBER.match(c) or c in spare for c in values), found[0]
 
 
 def _bench_threads(database_url: str) -> int:
@@ -94,8 +108,13 @@ def test_bench_async_prints_every_row_with_numbers() -> None:
     )
     for prefix in (*PART1, *PART4):
         _rows(lines, prefix, 1, 6)  # p50, p99 on each side, two ratios
-    for prefix in PART2:
-        _rows(lines, prefix, 1, 7)  # read, save p50/p99, turns/s, last agent done, CPU/turn
+    # read, save p50/p99, turns/s, last agent done, CPU/turn, longest GC pause, longest gen-2
+    # pause ("none" when no gen-2 collection ran), GC ms/turn, event-loop lag ("-": no loop)
+    for prefix in PART2_ASYNC:
+        _load_row(lines, prefix, spare=("none",))
+    for prefix in PART2_SYNC:
+        _load_row(lines, prefix, spare=("none", "-"))
+    assert gc.get_freeze_count() == 0  # the frozen run unfreezes after itself
     cpu = next(line for line in lines if line.startswith("CPU µs per call"))
     assert [k.split()[0] for k in cpu.split(": ", 1)[1].split("; ")] == [
         "hit",
