@@ -31,9 +31,9 @@ SQL = (
     "SELECT region,\n       SUM(revenue) AS revenue\nFROM sales\nWHERE year = 2025\nGROUP BY region"
 )
 VIZ = VisualizationArtifact(
-    id=17, type="CHART", name="Revenue by region", chart="column", x=["region"], y=["revenue"]
+    id=17, type="CHART", name="Revenue by region", chart="column", x=("region",), y=("revenue",)
 )
-DASH = DashboardArtifact(id=3, name="Sales 2025", widget_count=2, visualization_ids=[17])
+DASH = DashboardArtifact(id=3, name="Sales 2025", widget_count=2, visualization_ids=(17,))
 
 
 def _ex(
@@ -44,7 +44,7 @@ def _ex(
         session_id=uuid.UUID(int=seq),
         user_query=query,
         answer=answer,
-        artifacts=arts if arts is not None else [SqlArtifact(sql=SQL), VIZ, DASH],
+        artifacts=tuple(arts) if arts is not None else (SqlArtifact(sql=SQL), VIZ, DASH),
         completed_at=datetime(2026, 1, 1, tzinfo=UTC),
     )
 
@@ -182,7 +182,7 @@ def contexts(draw: st.DrawFn) -> ConversationContext:
             session_id=uuid.UUID(int=i + 1),
             user_query=draw(text),
             answer=draw(text),
-            artifacts=draw(st.lists(artifact, max_size=4)),
+            artifacts=tuple(draw(st.lists(artifact, max_size=4))),
             completed_at=datetime(2026, 1, 1, tzinfo=UTC),
         )
         for i in range(n)

@@ -41,7 +41,7 @@ from memory_core.bench.common import (
     paired,
     snapshot,
 )
-from memory_core.bench.floor import materialize
+from memory_core.bench.floor import holds, materialize
 from memory_core.conversation_memory import RedisConversationMemory
 from memory_core.copy.context import ConversationContext
 from memory_core.copy.views import render_conversation_context
@@ -51,7 +51,7 @@ from memory_core.io.fast_write import render
 from memory_core.io.redis_client import make_redis
 from memory_core.settings import Settings
 from memory_core.tokens import count_cache, encoding, turn_size
-from memory_core.write.artifacts import ARTIFACTS_ADAPTER
+from memory_core.write.artifacts import artifacts_json
 from memory_core.write.claim import claim_params, finalize_statement
 from memory_core.write.session_handler import TITLE_MAX, save_session_to_thread_safe
 
@@ -159,7 +159,7 @@ class _Bench:
                 "session_id": snap["session_id"],
                 "user_query": snap["user_query"],
                 "answer": snap["answer"],
-                "artifacts": ARTIFACTS_ADAPTER.dump_json(turn.artifacts).decode(),
+                "artifacts": artifacts_json(turn.artifacts),
                 "response_payload": snap["response_payload"],
                 "completed_at": turn.completed_at,
             }
@@ -274,18 +274,18 @@ class _Bench:
         (floor.py): the least any first read can cost, beside the same GET."""
         ctx = self.memory.get_context(tid, self.owner)
         doc = ctx.model_dump_json().encode()
-        if materialize(doc) != ctx:
-            raise RuntimeError("the floor did not build the context get_context returns")
+        if not holds(doc, ctx):
+            raise RuntimeError("the floor did not decode the context get_context returns")
         get = self.plain.get
 
-        def bound(_: int) -> ConversationContext:
+        def bound(_: int) -> Any:
             payload = get(self.scratch)
             if payload is None:
                 raise RuntimeError("the floor's GET found nothing")
             return materialize(doc)
 
         times = paired(self.n, self.warmup, bound, lambda _: get(self.scratch))
-        label = f"lower bound: plain GET + the same {UNFOLDED}-turn context built unvalidated"
+        label = f"lower bound: plain GET + the same {UNFOLDED}-turn context decoded untyped"
         return Pair(
             "get_context_floor", label, "plain GET of the same bytes", 2.0, *times, bound=True
         )

@@ -1,4 +1,8 @@
-"""The conversation context handed to workflow nodes: running summary + recent exchanges."""
+"""The conversation context handed to workflow nodes: running summary + recent exchanges.
+
+Both are `Record`s (memory_core/records.py): immutable msgspec Structs the garbage collector
+does not track, decoded from a working copy's JSON in one typed pass.
+"""
 
 from __future__ import annotations
 
@@ -6,22 +10,24 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field
+import msgspec
 
-from memory_core.write.artifacts import Artifact
+from memory_core.records import Record, as_tuples
+from memory_core.write.artifacts import Artifact, artifacts_from
 
 
-class Exchange(BaseModel):
+class Exchange(Record, frozen=True, kw_only=True, gc=False):
     """One user-query -> answer turn as memory sees it (the transcript payload is not here)."""
-
-    model_config = ConfigDict(frozen=True)
 
     seq: int
     session_id: UUID
     user_query: str
     answer: str = ""
-    artifacts: list[Artifact] = Field(default_factory=list)
+    artifacts: tuple[Artifact, ...] = ()
     completed_at: datetime
+
+    def __post_init__(self) -> None:
+        as_tuples(self, "artifacts")
 
     @classmethod
     def from_row(cls, row: Any) -> Exchange:
@@ -31,24 +37,22 @@ class Exchange(BaseModel):
             session_id=row.session_id,
             user_query=row.user_query,
             answer=row.answer,
-            artifacts=row.artifacts,
+            artifacts=artifacts_from(row.artifacts),
             completed_at=row.completed_at,
         )
 
 
-class ConversationContext(BaseModel):
+class ConversationContext(Record, frozen=True, kw_only=True, gc=False):
     """What `get_context` returns: JSON-serialisable, equal whether read from Redis or Postgres.
 
     `recent` holds every unfolded turn (seq > summary_through_seq) oldest first, up to the
     working-copy cap; turns older than that are covered by `summary`.
     """
 
-    model_config = ConfigDict(frozen=True)
-
     thread_id: UUID
     summary: str | None = None
     summary_through_seq: int = 0
-    recent: list[Exchange] = Field(default_factory=list)
+    recent: list[Exchange] = msgspec.field(default_factory=list)
     # Turns a read was asked to include (`get_context(wait_for=..., on_timeout="flag")`) that
     # were not saved in time: the context is answered without them. Empty otherwise.
-    missing_session_ids: list[UUID] = Field(default_factory=list)
+    missing_session_ids: list[UUID] = msgspec.field(default_factory=list)

@@ -34,11 +34,12 @@ they stay in Postgres and the next fold covers them) and refresh the TTL of both
 
 from __future__ import annotations
 
-import json
 import secrets
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 from uuid import UUID
+
+import msgspec
 
 from memory_core.copy.context import ConversationContext, Exchange
 from memory_core.io.redis_kinds import SyncRedis
@@ -289,17 +290,17 @@ class WorkingCopy:
         self.client.delete(*self.keys(thread_id))
 
 
+_RECENT = msgspec.json.Decoder(list[Exchange])
+
+
 def context_from_copy(thread_id: UUID, found: CopyRead) -> ConversationContext:
-    """The context from the copy's one document, parsed and validated in one pass (pydantic's
-    JSON parser: faster than decoding first and constructing models from the result)."""
+    """The context from the copy: its turns decoded from their JSON straight into typed
+    records in one pass that checks every field (msgspec, in C), the summary as stored."""
     if found.through is None:
         raise ValueError("working copy without a summary cursor")
-    head = json.dumps(
-        {
-            "thread_id": str(thread_id),
-            "summary": found.summary.decode() if found.summary is not None else None,
-            "summary_through_seq": int(found.through),
-        }
-    ).encode()
-    doc = b"".join((head[:-1], b', "recent": [', found.body or b"", b"]}"))
-    return ConversationContext.model_validate_json(doc)
+    return ConversationContext(
+        thread_id=thread_id,
+        summary=found.summary.decode() if found.summary is not None else None,
+        summary_through_seq=int(found.through),
+        recent=_RECENT.decode(b"".join((b"[", found.body or b"", b"]"))),
+    )

@@ -7,18 +7,21 @@ Every descriptor field (names, types, chart kinds, column names, string ids) is 
 one line and length-bounded when derived: names may come from dashboards other users wrote,
 and a newline in one must not put a line of its own into a view or a fold prompt. Rendering
 flattens again (rows stored before this rule) and quotes names as JSON strings.
+
+Each artifact is a `Record` (memory_core/records.py) tagged by its `kind` ("sql",
+"visualization", "dashboard", "standing"): JSON names it in that key, and `art.kind` reads it.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping
-from typing import Annotated, Any, Literal
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+import msgspec
 
-_FROZEN = ConfigDict(frozen=True, extra="forbid")
+from memory_core.records import Record, as_tuples, encode
 
 NAME_MAX_CHARS = 200
 LABEL_MAX_CHARS = 100  # types, chart kinds, column names
@@ -46,9 +49,8 @@ def _id(value: int | str | None) -> int | str | None:
     return value if value is None or isinstance(value, int) else one_line(value, ID_MAX_CHARS)
 
 
-class SqlArtifact(BaseModel):
-    model_config = _FROZEN
-    kind: Literal["sql"] = "sql"
+class SqlArtifact(Record, tag_field="kind", tag="sql", frozen=True, kw_only=True, gc=False):
+    kind: ClassVar[Literal["sql"]] = "sql"
     sql: str
 
     def one_line(self) -> str:
@@ -61,16 +63,20 @@ class SqlArtifact(BaseModel):
         return "SQL:\n" + indent_block(self.sql)
 
 
-class VisualizationArtifact(BaseModel):
-    model_config = _FROZEN
-    kind: Literal["visualization"] = "visualization"
+class VisualizationArtifact(
+    Record, tag_field="kind", tag="visualization", frozen=True, kw_only=True, gc=False
+):
+    kind: ClassVar[Literal["visualization"]] = "visualization"
     id: int | str | None = None
     type: str
     name: str
     chart: str | None = None
-    x: list[str] = Field(default_factory=list)
-    y: list[str] = Field(default_factory=list)
-    series: list[str] = Field(default_factory=list)
+    x: tuple[str, ...] = ()
+    y: tuple[str, ...] = ()
+    series: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        as_tuples(self, "x", "y", "series")
 
     def one_line(self) -> str:
         vtype, chart = _label(self.type).lower(), _label(self.chart) if self.chart else None
@@ -90,13 +96,17 @@ class VisualizationArtifact(BaseModel):
         return "\n".join(lines)
 
 
-class DashboardArtifact(BaseModel):
-    model_config = _FROZEN
-    kind: Literal["dashboard"] = "dashboard"
+class DashboardArtifact(
+    Record, tag_field="kind", tag="dashboard", frozen=True, kw_only=True, gc=False
+):
+    kind: ClassVar[Literal["dashboard"]] = "dashboard"
     id: int | str | None = None
     name: str
     widget_count: int = 0
-    visualization_ids: list[int | str] = Field(default_factory=list)
+    visualization_ids: tuple[int | str, ...] = ()
+
+    def __post_init__(self) -> None:
+        as_tuples(self, "visualization_ids")
 
     def one_line(self) -> str:
         return f"Dashboard #{_id(self.id)} {_quoted(self.name)} ({self.widget_count} widgets)"
@@ -109,22 +119,25 @@ class DashboardArtifact(BaseModel):
         )
 
 
-class Declared(BaseModel):
+class Declared(Record, frozen=True, kw_only=True, gc=False):
     """One standing instruction an agent declared: `text` None withdraws its subject."""
 
-    model_config = _FROZEN
     subject: str
     text: str | None = None
 
 
-class StandingArtifact(BaseModel):
+class StandingArtifact(
+    Record, tag_field="kind", tag="standing", frozen=True, kw_only=True, gc=False
+):
     """The standing instructions an agent declared in a turn (`standing_instructions` of the
     snapshot), verbatim. Present, even empty, it says the agent declares: memory does not
     look for instructions in the turn's words (memory_core/instructions/declared.py)."""
 
-    model_config = _FROZEN
-    kind: Literal["standing"] = "standing"
-    items: list[Declared] = Field(default_factory=list)
+    kind: ClassVar[Literal["standing"]] = "standing"
+    items: tuple[Declared, ...] = ()
+
+    def __post_init__(self) -> None:
+        as_tuples(self, "items")
 
     def one_line(self) -> str:
         # Subjects only: a view puts the declared wording in its summary's section.
@@ -137,11 +150,18 @@ class StandingArtifact(BaseModel):
         return self.one_line()
 
 
-Artifact = Annotated[
-    SqlArtifact | VisualizationArtifact | DashboardArtifact | StandingArtifact,
-    Field(discriminator="kind"),
-]
-ARTIFACTS_ADAPTER: TypeAdapter[list[Artifact]] = TypeAdapter(list[Artifact])
+Artifact = SqlArtifact | VisualizationArtifact | DashboardArtifact | StandingArtifact
+
+
+def artifacts_json(artifacts: Sequence[Artifact]) -> str:
+    """A turn's artifacts as the JSON `thread_messages.artifacts` stores."""
+    return encode(artifacts).decode()
+
+
+def artifacts_from(value: Any) -> tuple[Artifact, ...]:
+    """A turn's artifacts from what a row holds (JSON decoded to lists and dicts), typed and
+    checked field by field; artifacts as they are."""
+    return msgspec.convert(value or (), tuple[Artifact, ...])
 
 
 def indent_block(text: str, prefix: str = "  ") -> str:
@@ -170,7 +190,9 @@ def describe_visualization(viz: Mapping[str, Any]) -> VisualizationArtifact:
         type=vtype,
         name=one_line(str(viz.get("name") or ""), NAME_MAX_CHARS),
         chart=_label(chart) if chart else None,
-        **cols,
+        x=tuple(cols["x"]),
+        y=tuple(cols["y"]),
+        series=tuple(cols["series"]),
     )
 
 
@@ -183,16 +205,20 @@ def _widget_visualization_id(widget: Mapping[str, Any]) -> int | str | None:
 
 def describe_dashboard(dash: Mapping[str, Any]) -> DashboardArtifact:
     widgets = dash.get("widgets") or []
-    vids = [_id(v) for v in (_widget_visualization_id(w) for w in widgets) if v is not None]
+    vids = tuple(
+        v if isinstance(v, int) else one_line(v, ID_MAX_CHARS)
+        for v in (_widget_visualization_id(w) for w in widgets)
+        if v is not None
+    )
     return DashboardArtifact(
         id=_id(dash.get("id")),
         name=one_line(str(dash.get("name") or ""), NAME_MAX_CHARS),
         widget_count=len(widgets),
-        visualization_ids=list(dict.fromkeys(vids)),
+        visualization_ids=tuple(dict.fromkeys(vids)),
     )
 
 
-AnyArtifact = SqlArtifact | VisualizationArtifact | DashboardArtifact | StandingArtifact
+AnyArtifact = Artifact
 
 
 def derive_artifacts(
@@ -200,7 +226,7 @@ def derive_artifacts(
     visualizations: Iterable[Mapping[str, Any]],
     dashboards: Iterable[Mapping[str, Any]],
     standing: Iterable[tuple[str, str | None]] | None = None,
-) -> list[AnyArtifact]:
+) -> tuple[AnyArtifact, ...]:
     """Derive a turn's artifacts once, in a stable order: SQL, visualizations, dashboards,
     and the standing instructions the agent declared ((subject, text) pairs; None: it
     declares nothing, no artifact)."""
@@ -208,5 +234,5 @@ def derive_artifacts(
     out.extend(describe_visualization(v) for v in visualizations)
     out.extend(describe_dashboard(d) for d in dashboards)
     if standing is not None:
-        out.append(StandingArtifact(items=[Declared(subject=s, text=t) for s, t in standing]))
-    return out
+        out.append(StandingArtifact(items=tuple(Declared(subject=s, text=t) for s, t in standing)))
+    return tuple(out)

@@ -49,7 +49,7 @@ from memory_core.logs import describe_error, get_logger
 from memory_core.metrics import FINALIZE
 from memory_core.settings import SettingsError
 from memory_core.tokens import turn_size
-from memory_core.write.artifacts import ARTIFACTS_ADAPTER, derive_artifacts
+from memory_core.write.artifacts import artifacts_json, derive_artifacts
 from memory_core.write.claim import (
     SESSION_CONSTRAINT,
     SeqClaim,
@@ -293,7 +293,7 @@ def _write_turn(
                 "session_id": snap.session_id,
                 "user_query": snap.user_query,
                 "answer": snap.answer,
-                "artifacts": ARTIFACTS_ADAPTER.dump_json(turn.artifacts).decode(),
+                "artifacts": artifacts_json(turn.artifacts),
                 "response_payload": snap.response_payload,
                 "completed_at": snap.completed_at,
             },

@@ -106,13 +106,13 @@ def _check_round_trip(memory: RedisConversationMemory, snap: dict[str, Any]) -> 
     assert (chart.name, chart.chart, chart.x) == (
         one_line(text, 200),
         one_line(text, 100),
-        [one_line(text, 100)],
+        (one_line(text, 100),),
     )
     assert isinstance(dash, DashboardArtifact)
     assert (dash.id, dash.name, dash.visualization_ids) == (
         one_line(text[:255], 255),
         one_line(text, 200),
-        [one_line(text[:255], 255)],
+        (one_line(text[:255], 255),),
     )
     memory.invalidate(tid)
     assert memory.get_context(tid, owner) == hit  # rehydrated from Postgres: the same
