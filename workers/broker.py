@@ -10,10 +10,13 @@ Here the take is one Lua script: pop the first waiting message *and* record it i
 on a dead worker's message is redelivered by kombu's own sweep after `visibility_timeout`.
 A script cannot block, so an idle consumer waits with `BLMOVE q q RIGHT RIGHT`, which moves
 the tail of a list onto itself: it blocks until the list has a message and takes nothing.
-It waits on one queue at a time (rotating), so on an idle worker consuming several queues a
-message can wait up to `reliable_idle_wait` seconds (0.5) before the next take sees it; a busy
-worker takes without waiting. Needs Redis >= 6.2 (BLMOVE); on older servers it logs a warning
-and behaves like stock kombu.
+A blocking command waits on one list, so a consumer of several queues waits on its first one
+(the first of `-Q`: `memory.finalize` in every shape we ship), where a job is seen the moment
+it lands, and at most `reliable_idle_wait` seconds (0.5) at a time: a job on another queue of
+an idle worker is seen when that wait ends. (It used to rotate the wait over the queues, so a
+finalize pushed to an idle combined worker waited for the fold queue's half second: 0.4-0.5 s
+per idle round in `bench workers`.) A busy worker takes without waiting. Needs Redis >= 6.2
+(BLMOVE); on older servers it logs a warning and behaves like stock kombu.
 
 Publishing is unchanged: producers with stock kombu and this consumer share one queue format.
 `workers.app` installs it for `redis://` brokers (`use_atomic_take`).
@@ -173,9 +176,10 @@ class Channel(kombu_redis.Channel):
             wait = self.brpop_timeout if timeout is None else timeout
             if len(queues) > 1:
                 wait = min(wait or self.reliable_idle_wait, self.reliable_idle_wait)
-            key = prefix + self._q_for_pri(queues[0], 0)
+            first = self._first_queue(queues)
+            key = prefix + self._q_for_pri(first, 0)
             args: list[Any] = ["BLMOVE", key, key, "RIGHT", "RIGHT", wait or 0]
-            self._sent = ("wait", queues[0])
+            self._sent = ("wait", first)
         else:
             taken = [(q, pri) for pri in self.priority_steps for q in queues]
             keys = [self._q_for_pri(q, pri) for q, pri in taken]
@@ -189,17 +193,20 @@ class Channel(kombu_redis.Channel):
         self._brpop_sent_at = monotonic()  # type: ignore[assignment]
         self.client.connection.send_command(*args)
 
+    def _first_queue(self, queues: list[str]) -> str:
+        """The queue an idle consumer waits on: the first it consumes (in `-Q` order), not the
+        take's round-robin order, which moves a queue that just served to the back."""
+        return next((q for q in self._active_queues if q in queues), queues[0])
+
     def _brpop_read(self, **options: Any) -> bool:
         sent, self._sent = self._sent, None
         if sent is None:
             return super()._brpop_read(**options)
-        kind, waited = sent
+        kind, _queue = sent
         try:
             reply = self._read_reply(kind, **options)
             if kind == "wait":
-                self._wait_next = False
-                if not reply and waited is not None:
-                    self._queue_cycle.rotate(waited)  # wait on the next queue next time
+                self._wait_next = False  # a job, or the wait's end: take from every queue
                 raise Empty()
             if not reply:
                 self._wait_next = True

@@ -216,13 +216,55 @@ def test_idle_consumer_of_two_queues_gets_a_message_on_the_one_it_is_not_waiting
                     conn.drain_events(timeout=0.3)
         waited = [queue for kind, queue in sent if kind == "wait"]
         assert waited and sent[0] == ("take", None)
-        other = first if waited[-1] == second.name else second
-        for queue in (other, first, second):
+        assert set(waited) == {first.name}  # the first queue it consumes, every time
+        for queue in (second, first, second):
             body = {"queue": queue.name}
             _publish(url, queue, body)
             got, message = _take_one(conn, [first, second])
             assert got == body
             message.ack()
+
+
+def test_idle_consumer_of_two_queues_is_woken_by_a_job_on_its_first_queue(url: str) -> None:
+    """The combined worker's shape (-Q memory.finalize,memory.fold), idle: a job on its first
+    queue ends the wait itself, however long the wait's bound (here 30 s); it used to rotate
+    the wait, so a finalize could sit out the fold queue's wait."""
+    first, second = _queue(), _queue()
+    options = {"reliable_idle_wait": 30, "polling_interval": 30}  # the wait's bound: 30 s
+    with Connection(url, transport=TRANSPORT, transport_options=options) as conn:
+        channel = conn.default_channel
+        replies: list[tuple[str, bool]] = []
+        read = channel._read_reply
+
+        def recording_read(kind: str, **opts: Any) -> Any:
+            reply = read(kind, **opts)
+            replies.append((kind, bool(reply)))
+            return reply
+
+        channel._read_reply = recording_read
+        got: list[Any] = []
+
+        def delivered(n: int) -> bool:
+            with contextlib.suppress(TimeoutError):
+                conn.drain_events(timeout=1)
+            return len(got) == n
+
+        _publish(url, first, {"n": 0})  # served by the first queue: the take's order rotates
+        with conn.Consumer(
+            [first, second], callbacks=[lambda b, m: got.append((b, m))], accept=["json"]
+        ):
+            wait_for(lambda: delivered(1), 20, "the first job", interval_s=0)
+            for _ in range(3):  # the empty take, then the wait in flight
+                with contextlib.suppress(TimeoutError):
+                    conn.drain_events(timeout=0.2)
+            assert replies[-1] == ("take", False)  # idle and waiting: no reply yet
+            _publish(url, first, {"n": 1})
+            wait_for(lambda: delivered(2), 20, "the job on the first queue", interval_s=0)
+        assert [body for body, _ in got] == [{"n": 0}, {"n": 1}]
+        for _, message in got:
+            message.ack()
+        # The wait returned the job (not its 30 s bound), and the next take delivered it.
+        assert replies[-3:] == [("take", False), ("wait", True), ("take", True)]
 
 
 def test_take_survives_a_flushed_script_cache(url: str, broker: redis.Redis) -> None:
