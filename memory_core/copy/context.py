@@ -27,7 +27,8 @@ class Exchange(Record, frozen=True, kw_only=True, gc=False):
     completed_at: datetime
 
     def __post_init__(self) -> None:
-        as_tuples(self, "artifacts")
+        if type(self.artifacts) is not tuple:  # decoded: a tuple already (artifacts.py)
+            as_tuples(self, "artifacts")
 
     @classmethod
     def from_row(cls, row: Any) -> Exchange:
