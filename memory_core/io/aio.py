@@ -85,6 +85,7 @@ def make_async_engine(url: str) -> AsyncEngine:
     return create_async_engine(
         async_database_url(url),
         pool_recycle=1800,
+        pool_use_lifo=True,  # as the blocking pool (memory_core/io/db.py)
         pool_size=5,
         max_overflow=10,
         connect_args={"connect_timeout": 5, "application_name": "agent-memory-async"},

@@ -33,6 +33,10 @@ def make_engine(url: str) -> Engine:
         # Postgres restart fails once, invalidates the pool, and `retry_on_disconnect`
         # re-runs the unit of work on a fresh connection.
         pool_recycle=1800,
+        # LIFO: the connection used last (its backend and caches warm) serves the next call,
+        # and surplus ones rest instead of taking turns (bench core: a save 1.44x its raw
+        # limit, against 1.47-1.54x FIFO over the same two pooled connections).
+        pool_use_lifo=True,
         pool_size=5,
         max_overflow=10,
         # Fail fast when Postgres is down: finalize reports "failed" instead of hanging.
