@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import uuid
+from types import MappingProxyType
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 from sqlalchemy import func, select
@@ -15,8 +17,10 @@ from memory_core import RedisConversationMemory, TurnSnapshot, save_session_to_t
 from memory_core.io.db import session_scope
 from memory_core.models import ConversationThread, ThreadMessage
 from memory_core.write.artifacts import SqlArtifact
+from memory_core.write.snapshot import MAX_PAYLOAD_BYTES, _check_json
 from tests.support.snapshots import make_snapshot
 
+PROXY = MappingProxyType({"a": 1})
 BAD: list[tuple[str, dict[str, Any]]] = [
     ("session_id", {"session_id": None}),
     ("session_id", {"session_id": "not-a-uuid"}),
@@ -52,6 +56,10 @@ BAD: list[tuple[str, dict[str, Any]]] = [
     ("response_payload", {"response_payload": {"x": float("nan")}}),
     ("response_payload", {"response_payload": {"big": "x" * (1024 * 1024 + 1)}}),
     ("response_payload", {"response_payload": {"k": "\x00"}}),
+    # Not JSON at all: json.dumps raised TypeError past the validators, out of the save.
+    ("response_payload", {"response_payload": {"k": PROXY}}),
+    ("response_payload", {"response_payload": {"k": [1, {2, 3}]}}),
+    ("visualizations", {"visualizations": [{"id": 1, "type": "T", "options": {"m": PROXY}}]}),
     ("completed_at", {"completed_at": "yesterday"}),
     ("completed_at", {"completed_at": "2026-11-29T12:00:00"}),
     ("unexpected", {"unexpected": 1}),
@@ -149,3 +157,41 @@ def test_hostile_text_round_trips_unchanged(query: str, answer: str, sql: str, o
     with session_scope() as s:
         row = ThreadMessage.transcript(s, tid, owner)[0]
         assert row.response_payload == {query: answer}
+
+
+json_text = st.text(st.characters(exclude_categories=["Cs"], exclude_characters="\x00"))
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | json_text,
+    lambda inner: st.lists(inner, max_size=6) | st.dictionaries(json_text, inner, max_size=6),
+    max_leaves=40,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=st.dictionaries(json_text, json_values, max_size=6))
+@example({"ints": [2**62, -(2**63), -1.7976931348623157e308]})
+@example({"beyond 64 bits": [2**64, -(2**80)]})
+@example({"\u2028": '\U0001f600\x01\\"' * 5})
+def test_the_walk_never_bounds_a_payload_below_its_json_size(value: dict[str, Any]) -> None:
+    """The 1 MiB check computes the exact size only when the walk's bound passes the limit:
+    the bound must never be below what json.dumps writes (astral characters, escapes, ints
+    past 64 bits, the separators)."""
+    bound = _check_json(value)
+    assert bound >= len(json.dumps(value, allow_nan=False).encode("utf-8"))
+
+
+def test_a_payload_just_under_the_limit_is_saved_and_one_just_over_is_refused(
+    memory: RedisConversationMemory,
+) -> None:
+    envelope = len(json.dumps({"big": ""}))  # the bytes around the string
+    for extra, status in ((0, "saved"), (1, "rejected")):
+        text = "x" * (MAX_PAYLOAD_BYTES - envelope + extra)
+        snap = make_snapshot(uuid.uuid4(), 1, response_payload={"big": text})
+        out = save_session_to_thread_safe(snap, memory=memory)
+        assert out.status == status, out.reason
+        if status == "rejected":
+            assert out.reason is not None and "response_payload" in out.reason

@@ -151,8 +151,8 @@ class ReadYourWrites:
         return [
             f"{samples} samples per row; backlog turns go to {len(self.ahead)} other threads; "
             f"the broker drains (folds included) and the worker idles a random 0-{IDLE_S:g} s "
-            "before each sample (an idle worker waits on one queue at a time, up to 0.5 s "
-            "each: workers/broker.py)",
+            "before each sample (an idle worker waits on memory.finalize, its first queue, "
+            "and sees a finalize at once: workers/broker.py)",
             f"worker: {wb.worker.command}",
             f"broker: {without_credentials(wb.broker.where)}, {wb.broker.version()}; "
             "folds call a local fake OpenAI-compatible LLM that answers at once",

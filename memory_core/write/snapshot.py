@@ -30,6 +30,7 @@ them, so they are rejected up front instead of failing half-way through a write.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -116,42 +117,65 @@ def _mapping(stack: list[tuple[Any, int]], item: Mapping[Any, Any], depth: int) 
     return size
 
 
-def _check_json(value: Any, depth: int = 0) -> None:
-    """Walk a JSON-like value: every string (keys too) must be storable text.
+_INT64 = 2**63
+_UNBOUNDED = MAX_PAYLOAD_BYTES + 1  # "may be over": the exact size decides
+
+
+def _check_json(value: Any, depth: int = 0) -> int:
+    """Walk a JSON-like value: every string (keys too) must be storable text, every number
+    JSON (no NaN or Infinity), every object a dict with string keys. Returns an upper bound
+    of its size as `json.dumps` writes it (ASCII escapes, `", "` and `": "` separators), so
+    the exact size is only computed when the bound passes the limit: one walk, not two, for
+    a payload of ordinary size (issue 35).
 
     Messages name what is wrong but never the keys or values: they are user content.
     """
     if depth > MAX_JSON_DEPTH:
         raise ValueError(f"nested more than {MAX_JSON_DEPTH} levels deep")
-    kind = type(value)
-    if kind is int or kind is float or kind is bool or value is None:
-        return  # the common leaves, without the isinstance chain below
     if isinstance(value, str):
-        try:
-            _check_text(value)
-        except ValueError as exc:
-            raise ValueError(f"a string at depth {depth} {exc}") from None
-    elif kind is dict or isinstance(value, Mapping):
+        return _text_size(value, f"a string at depth {depth}")
+    if isinstance(value, dict):
+        size = 2
         for k, v in value.items():
-            if type(k) is not str and not isinstance(k, str):
+            if not isinstance(k, str):
                 raise ValueError(f"object keys must be strings (at depth {depth})")
-            try:
-                _check_text(k)
-            except ValueError as exc:
-                raise ValueError(f"a key at depth {depth} {exc}") from None
-            _check_json(v, depth + 1)
-    elif isinstance(value, list | tuple):
-        for v in value:
-            _check_json(v, depth + 1)
-    elif value is not None and not isinstance(value, bool | int | float):
-        raise ValueError(f"{type(value).__name__} at depth {depth} is not JSON")
+            size += _text_size(k, f"a key at depth {depth}") + 4 + _check_json(v, depth + 1)
+        return size
+    if isinstance(value, list | tuple):
+        return 2 + sum(_check_json(v, depth + 1) + 2 for v in value)
+    return _scalar_size(value, depth)
+
+
+def _scalar_size(value: Any, depth: int) -> int:
+    """A number, a bool or null: checked, and an upper bound of its size as JSON."""
+    if value is None or isinstance(value, bool):
+        return 5
+    if isinstance(value, int):
+        return 20 if -_INT64 <= value < _INT64 else _UNBOUNDED
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError("not valid JSON: Out of range float values are not JSON compliant")
+        return 24  # the longest repr of a finite float
+    # A Mapping that is not a dict among them: json.dumps would raise TypeError past the
+    # validators (found by the walk's merge: save_session_to_thread_safe raised it).
+    raise ValueError(f"{type(value).__name__} at depth {depth} is not JSON")
+
+
+def _text_size(text: str, where: str) -> int:
+    """`_check_text`, naming where; an upper bound of the string's size as JSON."""
+    try:
+        _check_text(text)
+    except ValueError as exc:
+        raise ValueError(f"{where} {exc}") from None
+    return (6 if text.isascii() else 12) * len(text) + 2  # \uXXXX; a surrogate pair
 
 
 def _json_object(value: dict[str, Any]) -> dict[str, Any]:
-    _check_json(value)
+    if _check_json(value) <= MAX_PAYLOAD_BYTES:
+        return value
     try:
         size = len(json.dumps(value, allow_nan=False).encode("utf-8"))
-    except ValueError as exc:  # NaN / Infinity are not JSON and not storable in JSONB
+    except ValueError as exc:  # e.g. an int of more digits than Python converts to text
         raise ValueError(f"not valid JSON: {exc}") from None
     if size > MAX_PAYLOAD_BYTES:
         raise ValueError(f"is {size} bytes as JSON; the limit is {MAX_PAYLOAD_BYTES}")
