@@ -122,5 +122,7 @@ def test_bench_profile_names_where_the_save_and_the_first_read_spend_time(
     shares = [line for line in lines if line.startswith("| ") and line.rstrip().endswith("|")]
     # The save's statement is named as the Postgres round trip, not as our code.
     assert any(line.startswith("| Postgres statement") for line in shares)
+    # Frames name their file as a reader finds it (docs quote these tables: test_references).
+    assert any("`execute_autocommit (memory_core/io/fast_write.py)`" in line for line in shares)
     assert (tmp_path / "profile-save.txt").read_text().strip()
     assert "get_context" in (tmp_path / "profile-read.txt").read_text()

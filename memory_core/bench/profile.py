@@ -80,11 +80,21 @@ def _self_times(session: Any) -> tuple[dict[str, float], dict[str, float]]:
         if own <= 0:
             continue
         path = frame.file_path or ""
-        name = f"{frame.function} ({path.rsplit('/', 2)[-2:][-1] if path else 'built-in'})"
+        name = f"{frame.function} ({_where(path) if path else 'built-in'})"
         funcs[name] = funcs.get(name, 0.0) + own
         group = _group(path, frame.function or "")
         groups[group] = groups.get(group, 0.0) + own
     return funcs, groups
+
+
+def _where(path: str) -> str:
+    """A frame's file as a reader finds it: from the repository root for ours, from
+    site-packages for a library's, the last two parts for the standard library's."""
+    for marker in ("/site-packages/", "/memory_core/"):
+        if marker in path:
+            found = path.rsplit(marker, 1)[1]
+            return "memory_core/" + found if marker == "/memory_core/" else found
+    return "/".join(path.rsplit("/", 2)[-2:])
 
 
 def _profile(

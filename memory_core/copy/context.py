@@ -27,7 +27,9 @@ class Exchange(Record, frozen=True, kw_only=True, gc=False):
     completed_at: datetime
 
     def __post_init__(self) -> None:
-        if type(self.artifacts) is not tuple:  # decoded: a tuple already (artifacts.py)
+        if (
+            type(self.artifacts) is not tuple
+        ):  # decoded: a tuple already (memory_core/write/artifacts.py)
             as_tuples(self, "artifacts")
 
     @classmethod
