@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 import pytest
@@ -175,3 +176,37 @@ def test_parsed_context_cache_never_serves_a_changed_copy(redis_client: redis.Re
     assert third.summary == "rebuilt with a summary" and [e.seq for e in third.recent] == [3, 4]
     with pytest.raises(ThreadNotFound):
         reader.get_context(tid, "mallory")
+
+
+def test_a_server_that_lost_its_scripts_is_served_through_the_fallback(
+    memory: RedisConversationMemory, redis_client: redis.Redis
+) -> None:
+    """The drivers call EVALSHA themselves; a restarted or flushed server answers NOSCRIPT,
+    and the script is loaded and run: saves keep their copy, reads keep coming from it."""
+    from memory_core import asave_session_to_thread_safe
+    from memory_core.io.aio import aclose_connections
+
+    tid, owner = uuid.uuid4(), "noscript-owner"
+    assert save_session_to_thread_safe(make_snapshot(tid, 1, owner_id=owner), memory=memory).ok
+    for n in (2, 3):
+        redis_client.script_flush()
+        out = save_session_to_thread_safe(make_snapshot(tid, n, owner_id=owner), memory=memory)
+        assert (out.status, out.cache) == ("saved", "ok")  # the write script ran: copy kept
+    redis_client.script_flush()
+    fresh = RedisConversationMemory(redis_client, local_cache_size=0)  # reads the copy anew
+    assert [t.seq for t in fresh.get_context(tid, owner).recent] == [1, 2, 3]
+
+    async def asynchronously() -> list[int]:
+        try:
+            redis_client.script_flush()
+            out = await asave_session_to_thread_safe(
+                make_snapshot(tid, 4, owner_id=owner), memory=memory
+            )
+            assert (out.status, out.cache) == ("saved", "ok")
+            redis_client.script_flush()
+            ctx = await fresh.aget_context(tid, owner)
+            return [t.seq for t in ctx.recent]
+        finally:
+            await aclose_connections()
+
+    assert asyncio.run(asynchronously()) == [1, 2, 3, 4]

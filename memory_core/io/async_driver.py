@@ -13,6 +13,7 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from redis.exceptions import NoScriptError
 from sqlalchemy.util import greenlet_spawn
 
 from memory_core.io.aio import run_blocking
@@ -58,7 +59,13 @@ class AsyncIO:
 
     async def do(self, step: Any) -> Any:  # noqa: PLR0911 - one branch per kind of step
         if isinstance(step, Script):
-            return await self.scripts[step.name](keys=step.keys, args=step.args)
+            script = self.scripts[step.name]
+            try:  # EVALSHA itself, as the blocking driver (sync_driver.py)
+                return await script.registered_client.evalsha(
+                    script.sha, len(step.keys), *step.keys, *step.args
+                )
+            except NoScriptError:
+                return await script(keys=step.keys, args=step.args)
         if isinstance(step, Sql | Begin | Commit | Rollback):
             return await self._postgres(step)
         if isinstance(step, Read):
