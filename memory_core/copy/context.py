@@ -27,9 +27,8 @@ class Exchange(Record, frozen=True, kw_only=True, gc=False):
     completed_at: datetime
 
     def __post_init__(self) -> None:
-        if (
-            type(self.artifacts) is not tuple
-        ):  # decoded: a tuple already (memory_core/write/artifacts.py)
+        # A decoded one is a tuple already: checked inline (memory_core/write/artifacts.py).
+        if type(self.artifacts) is not tuple:
             as_tuples(self, "artifacts")
 
     @classmethod
